@@ -1,0 +1,43 @@
+"""throttlekit: per-scope, server-aware throttling for asyncio and trio HTTP clients and crawlers.
+
+Quick start::
+
+    import throttlekit
+
+    limiter = throttlekit.Limiter(default=throttlekit.ScopePolicy(concurrency=2, delay=0.5))
+
+    async with limiter.acquire("https://example.com/page") as permit:
+        response = await client.get("https://example.com/page")
+        permit.record(response)
+"""
+
+from __future__ import annotations
+
+from ._controller import Controller, Feedback
+from ._errors import (
+    BackendUnavailable,
+    Overloaded,
+    ThrottlekitError,
+    ThrottleTimeout,
+    WouldBlock,
+)
+from ._limiter import Limiter, Permit
+from ._policy import ScopePolicy
+from ._stats import LimiterStatistics, ScopeStatistics
+
+__all__ = [
+    "BackendUnavailable",
+    "Controller",
+    "Feedback",
+    "Limiter",
+    "LimiterStatistics",
+    "Overloaded",
+    "Permit",
+    "ScopePolicy",
+    "ScopeStatistics",
+    "ThrottleTimeout",
+    "ThrottlekitError",
+    "WouldBlock",
+]
+
+__version__ = "0.1.0"

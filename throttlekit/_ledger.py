@@ -1,0 +1,220 @@
+"""The live state of one throttling scope (sans-IO)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ._policy import ScopePolicy
+
+if TYPE_CHECKING:
+    from ._controller import Controller
+    from ._scheduler import Ticket
+
+__all__ = ["QuotaEntry", "ScopeLedger"]
+
+INF = math.inf
+_EPSILON = 1e-9
+
+
+class QuotaEntry:
+    """One send's share of a quota window: when it was sent and what it cost."""
+
+    __slots__ = ("alive", "cost", "sent_at")
+
+    def __init__(self, sent_at: float, cost: float) -> None:
+        self.sent_at = sent_at
+        self.cost = cost
+        self.alive = True
+
+    def __repr__(self) -> str:
+        return f"QuotaEntry(sent_at={self.sent_at!r}, cost={self.cost!r}, alive={self.alive})"
+
+
+class ScopeLedger:
+    """A scope's live state: what is in flight, when it last sent, what its quota holds.
+
+    The ledger is synchronous: every method takes the current time ``now``.
+    The effective limits (``delay``, ``concurrency``, ``blocked_until``) start
+    from the policy and are moved by the scope's controllers; :meth:`refresh`
+    recomputes them after feedback.
+    """
+
+    __slots__ = (
+        "blocked_until",
+        "concurrency",
+        "controllers",
+        "delay",
+        "dirty",
+        "idle",
+        "idle_since",
+        "in_flight",
+        "last_send",
+        "name",
+        "next_send_at",
+        "policy",
+        "queue",
+        "quota_log",
+        "quota_used",
+        "slot_times",
+        "timer_at",
+        "waiting",
+    )
+
+    def __init__(self, name: str, policy: ScopePolicy) -> None:
+        self.name = name
+        self.policy = policy
+        self.in_flight = 0
+        self.waiting = 0
+        self.last_send = -INF
+        self.next_send_at = -INF
+        # Send times of free concurrency slots that have been used (a min-heap);
+        # free slots beyond these have never sent and are ready at once.
+        self.slot_times: list[float] | None = None
+        self.quota_log: deque[QuotaEntry] | None = None
+        self.quota_used = 0.0
+        # Waiters currently blocked on this scope: a heap of (-priority, seq, ticket).
+        self.queue: list[tuple[int, int, Ticket]] | None = None
+        self.timer_at = INF
+        self.dirty = False
+        self.idle = False
+        self.idle_since = -INF
+        self.controllers: tuple[Controller, ...] = tuple(f(policy) for f in policy.controllers)
+        self.delay = policy.delay
+        self.concurrency = policy.concurrency
+        self.blocked_until = -INF
+        if self.controllers:
+            self.refresh()
+
+    def __repr__(self) -> str:
+        return (
+            f"<ScopeLedger {self.name!r} in_flight={self.in_flight}/{self.concurrency} "
+            f"waiting={self.waiting} delay={self.delay:g} next_send_at={self.next_send_at:g} "
+            f"quota_used={self.quota_used:g}/{self.policy.quota}>"
+        )
+
+    def refresh(self) -> None:
+        """Recompute the effective limits from the policy and the controllers."""
+        policy = self.policy
+        delay = policy.delay
+        concurrency = policy.concurrency
+        blocked = -INF
+        for controller in self.controllers:
+            delay = max(delay, controller.delay)
+            limit = controller.concurrency
+            if limit is not None:
+                concurrency = limit if concurrency is None else min(concurrency, limit)
+            blocked = max(blocked, controller.blocked_until)
+        self.delay = delay
+        self.concurrency = None if concurrency is None else max(1, concurrency)
+        self.blocked_until = blocked
+
+    # -- admission -----------------------------------------------------------------
+
+    def ready_at(self, cost: float, now: float) -> float:
+        """Earliest time this scope could send a request of ``cost``.
+
+        ``inf`` means not before a release (concurrency is full); a value
+        ``<= now`` means it could send now.
+        """
+        concurrency = self.concurrency
+        if concurrency is not None and self.in_flight >= concurrency:
+            return INF
+        ready = self.next_send_at
+        if self.blocked_until > ready:
+            ready = self.blocked_until
+        slots = self.slot_times
+        if slots and concurrency is not None and len(slots) >= concurrency - self.in_flight:
+            slot_ready = slots[0] + self.policy.slot_delay
+            if slot_ready > ready:
+                ready = slot_ready
+        if self.policy.quota is not None and cost > 0.0:
+            quota_ready = self._quota_ready(cost, now)
+            if quota_ready > ready:
+                ready = quota_ready
+        return ready
+
+    def _expire(self, now: float) -> None:
+        log = self.quota_log
+        if not log:
+            return
+        window = self.policy.window
+        while log and log[0].sent_at + window <= now:
+            entry = log.popleft()
+            entry.alive = False
+            self.quota_used -= entry.cost
+        if not log:
+            self.quota_used = 0.0
+
+    def _quota_ready(self, cost: float, now: float) -> float:
+        quota = self.policy.quota
+        assert quota is not None
+        self._expire(now)
+        excess = self.quota_used + cost - quota
+        if excess <= _EPSILON:
+            return -INF
+        freed = 0.0
+        window = self.policy.window
+        for entry in self.quota_log or ():
+            freed += entry.cost
+            if freed >= excess - _EPSILON:
+                return entry.sent_at + window
+        return INF
+
+    # -- state changes -------------------------------------------------------------
+
+    def grant(self, cost: float, now: float, rng: random.Random) -> QuotaEntry | None:
+        """Take one concurrency slot, the delay and ``cost`` of quota at ``now``."""
+        self.in_flight += 1
+        self.last_send = now
+        delay = self.delay
+        if delay > 0.0:
+            low, high = self.policy.jitter
+            if low != high:
+                delay *= 1.0 + rng.uniform(low, high)
+            elif low:
+                delay *= 1.0 + low
+            self.next_send_at = now + delay
+        else:
+            self.next_send_at = now
+        slots = self.slot_times
+        if slots and self.concurrency is not None and len(slots) >= self.concurrency - (
+            self.in_flight - 1
+        ):
+            heapq.heappop(slots)
+        for controller in self.controllers:
+            controller.on_send(now)
+        if self.policy.quota is None:
+            return None
+        entry = QuotaEntry(now, cost)
+        if self.quota_log is None:
+            self.quota_log = deque()
+        self.quota_log.append(entry)
+        self.quota_used += cost
+        return entry
+
+    def release(self, sent_at: float) -> None:
+        """Give back a concurrency slot whose request was sent at ``sent_at``."""
+        self.in_flight -= 1
+        if self.policy.slot_delay > 0.0 and self.concurrency is not None:
+            slots = self.slot_times
+            if slots is None:
+                slots = self.slot_times = []
+            heapq.heappush(slots, sent_at)
+            free = max(0, self.concurrency - self.in_flight)
+            while len(slots) > free:
+                heapq.heappop(slots)
+
+    def reconcile(self, entry: QuotaEntry, actual: float) -> None:
+        """Correct a send's quota usage to what it really cost."""
+        if entry.alive:
+            self.quota_used += actual - entry.cost
+        entry.cost = actual
+
+    @property
+    def quota_left(self) -> float | None:
+        quota = self.policy.quota
+        return None if quota is None else max(0.0, quota - self.quota_used)

@@ -1,0 +1,535 @@
+"""The async driver: the only part of throttlekit that awaits."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from . import scopes as _scopes
+from ._controller import Feedback
+from ._errors import Overloaded, ThrottleTimeout, WouldBlock
+from ._policy import ScopePolicy
+from ._scheduler import CANCELLED, GRANTED, WAITING, Scheduler, Ticket
+from ._stats import LimiterStatistics, ScopeStatistics
+
+__all__ = ["Limiter", "Permit"]
+
+logger = logging.getLogger("throttlekit")
+
+INF = math.inf
+
+
+def _status_of(response: Any) -> int | None:
+    for attribute in ("status_code", "status"):
+        value = getattr(response, attribute, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+class Permit:
+    """A request's right to be sent, from :meth:`Limiter.acquire`.
+
+    Use it as ``async with limiter.acquire(url) as permit:``; leaving the block
+    gives back the concurrency it holds, also on error and on cancellation.
+    Inside the block, report how the request went with :meth:`record`.
+    """
+
+    __slots__ = ("_limiter", "_priority", "_request", "_scopes", "_ticket", "_timeout", "recorded")
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        request: Any,
+        priority: int,
+        timeout: float | None,
+        scopes: _scopes.ScopesLike | None,
+    ) -> None:
+        self._limiter = limiter
+        self._request = request
+        self._priority = priority
+        self._timeout = timeout
+        self._scopes = scopes
+        self._ticket: Ticket | None = None
+        self.recorded = False
+
+    def __repr__(self) -> str:
+        return f"<Permit {self._ticket!r}>" if self._ticket else "<Permit (not acquired)>"
+
+    @property
+    def scopes(self) -> dict[str, float]:
+        """The granted scopes and the cost taken from each."""
+        if self._ticket is None:
+            raise RuntimeError("the permit has not been acquired yet")
+        return self._ticket.scopes
+
+    @property
+    def granted_at(self) -> float:
+        """The limiter-clock time of the grant (the send time)."""
+        if self._ticket is None:
+            raise RuntimeError("the permit has not been acquired yet")
+        return self._ticket.granted_at
+
+    @property
+    def request(self) -> Any:
+        """The request-like this permit was acquired for."""
+        return self._request
+
+    async def __aenter__(self) -> Permit:
+        if self._ticket is not None:
+            raise RuntimeError("a permit can be entered only once")
+        self._ticket = await self._limiter._acquire(
+            self._request, self._priority, self._timeout, self._scopes
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __enter__(self) -> Permit:
+        if self._ticket is None:
+            raise RuntimeError("use 'async with limiter.acquire(...)'; 'with' is for acquire_nowait()")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Give back the concurrency this permit holds (idempotent)."""
+        ticket = self._ticket
+        if ticket is not None and ticket.state == GRANTED:
+            self._limiter._release(ticket)
+
+    def record(
+        self,
+        response: Any = None,
+        *,
+        status: int | None = None,
+        headers: Any = None,
+        exception: BaseException | None = None,
+        latency: float | None = None,
+        size: int | None = None,
+        consumed: Mapping[str, float] | None = None,
+        adjust_delay: bool | None = None,
+    ) -> Feedback:
+        """Report how the request went, so the scope's controllers can react.
+
+        :param response: anything with ``.status``/``.status_code`` and ``.headers``
+            (httpx, aiohttp, Scrapy responses); explicit arguments win over it.
+        :param status: the HTTP status code.
+        :param headers: the response headers (rate-limit headers are read from them).
+        :param exception: the exception that ended the request (timeouts trigger backoff).
+        :param latency: seconds from send to response headers; defaults to the
+            time since the grant.
+        :param size: the response body size in bytes, if known.
+        :param consumed: the actual cost per scope, when it differs from the
+            declared cost; the quota window is corrected by the difference.
+        :param adjust_delay: ``False`` keeps latency controllers from learning
+            from this response; by default it is ``False`` when the request's
+            meta has ``autothrottle_dont_adjust_delay``.
+        :returns: the :class:`Feedback` that was recorded.
+        """
+        ticket = self._ticket
+        if ticket is None:
+            raise RuntimeError("record() needs an acquired permit")
+        if response is not None:
+            if status is None:
+                status = _status_of(response)
+            if headers is None:
+                headers = getattr(response, "headers", None)
+        if adjust_delay is None:
+            meta = getattr(self._request, "meta", None) or getattr(
+                self._request, "extensions", None
+            )
+            adjust_delay = not (
+                isinstance(meta, Mapping) and meta.get("autothrottle_dont_adjust_delay")
+            )
+        if consumed is not None:
+            consumed = _scopes.as_scope_costs(consumed) if consumed else {}
+        feedback = self._limiter._record(
+            ticket,
+            status=status,
+            headers=headers,
+            exception=exception,
+            latency=latency,
+            size=size,
+            consumed=consumed,
+            adjust_delay=adjust_delay,
+        )
+        self.recorded = True
+        return feedback
+
+
+class Limiter:
+    """Decides when each request may be sent, across scopes, on asyncio or trio.
+
+    :param scopes: policies for named scopes (hosts, domains, endpoints, pools).
+    :param default: the policy of every scope not named in ``scopes``.
+    :param concurrency: the global cap on requests in flight; ``None`` = unlimited.
+    :param resolver: maps a request-like to its scopes (sync or async); see
+        :mod:`throttlekit.scopes`. Default: :func:`~throttlekit.scopes.by_host`.
+    :param max_waiters: most requests waiting at once; one more raises
+        :class:`Overloaded`. ``None`` = unlimited.
+    :param max_scopes: most scopes kept in memory; the longest idle go first.
+    :param max_idle: seconds an idle scope (nothing in flight or waiting) keeps
+        its learned state before it may be evicted.
+    :param seed: seed for the jitter's random numbers (for reproducible runs).
+
+    Usage::
+
+        limiter = Limiter(default=ScopePolicy(concurrency=2, delay=0.5))
+        async with limiter.acquire("https://example.com/page") as permit:
+            response = await client.get("https://example.com/page")
+            permit.record(response)
+
+    Time is read from the running async backend (``anyio.current_time()``), so
+    virtual clocks drive it in tests. Waiting costs no CPU: every waiter sleeps
+    on its own event and a single timer (held by one of the waiters) wakes the
+    limiter when the next delay or quota window ends.
+    """
+
+    def __init__(
+        self,
+        *,
+        scopes: Mapping[str, ScopePolicy] | None = None,
+        default: ScopePolicy | None = None,
+        concurrency: int | None = 16,
+        resolver: _scopes.Resolver = _scopes.by_host,
+        max_waiters: int | None = 100_000,
+        max_scopes: int = 100_000,
+        max_idle: float = 3600.0,
+        seed: int | None = None,
+    ) -> None:
+        scopes = dict(scopes or {})
+        for name, policy in scopes.items():
+            if not isinstance(name, str):
+                raise TypeError(f"scopes keys must be str scope names, got {name!r}")
+            if not isinstance(policy, ScopePolicy):
+                raise TypeError(f"scopes[{name!r}] must be a ScopePolicy, got {policy!r}")
+        if default is None:
+            default = ScopePolicy()
+        elif not isinstance(default, ScopePolicy):
+            raise TypeError(f"default must be a ScopePolicy, got {default!r}")
+        _check_limit("concurrency", concurrency)
+        _check_limit("max_waiters", max_waiters)
+        _check_limit("max_scopes", max_scopes, optional=False)
+        if isinstance(max_idle, bool) or not isinstance(max_idle, (int, float)) or not (
+            max_idle > 0
+        ):
+            raise ValueError(f"max_idle must be a number of seconds > 0, got {max_idle!r}")
+        if not callable(resolver):
+            raise TypeError(f"resolver must be callable, got {resolver!r}")
+        self.resolver = resolver
+        self.max_waiters = max_waiters
+        self._core = Scheduler(
+            policies=scopes,
+            default=default,
+            concurrency=concurrency,
+            max_scopes=max_scopes,
+            max_idle=float(max_idle),
+            rng=random.Random(seed),
+        )
+        self._timekeeper: Ticket | None = None
+        self._armed = INF
+        self._sleepers: deque[Ticket] = deque()
+
+    def __repr__(self) -> str:
+        core = self._core
+        return (
+            f"<Limiter in_flight={core.gate.in_flight}/{core.gate.limit} "
+            f"waiting={core.waiting} scopes={len(core.scopes)} next_wake={core.next_wake():g}>"
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], **kwargs: Any) -> Limiter:
+        """Build a limiter from Scrapy-style settings (any mapping, or Scrapy's ``Settings``).
+
+        Reads ``CONCURRENT_REQUESTS`` (global cap, default 16; 0 = unlimited),
+        ``CONCURRENT_REQUESTS_PER_DOMAIN`` (default 1), ``DOWNLOAD_DELAY`` (1.0),
+        ``DOWNLOAD_DELAY_PER_SLOT`` (1.0), ``RANDOMIZE_DOWNLOAD_DELAY`` (True =
+        jitter 0.5; a number or a ``[low, high]`` pair), ``THROTTLING_WINDOW``
+        (60.0) and ``THROTTLING_SCOPES`` (``{scope: {"concurrency": ..., "delay":
+        ..., "jitter": ..., "quota": ..., "window": ...}}``, each key overriding
+        the defaults above). Other keyword arguments go to the constructor.
+        Invalid values raise :class:`ValueError`/:class:`TypeError` naming the setting.
+        """
+        from ._settings import policies_from_settings
+
+        default, policies, concurrency = policies_from_settings(settings)
+        kwargs.setdefault("concurrency", concurrency)
+        return cls(scopes=policies, default=default, **kwargs)
+
+    # -- public API ----------------------------------------------------------------
+
+    @property
+    def default(self) -> ScopePolicy:
+        """The policy of scopes not configured explicitly."""
+        return self._core.default
+
+    @property
+    def policies(self) -> Mapping[str, ScopePolicy]:
+        """The explicitly configured scope policies."""
+        return dict(self._core.policies)
+
+    def policy(self, scope: str) -> ScopePolicy:
+        """The policy that applies to ``scope``."""
+        return self._core.policy_for(scope)
+
+    def set_policy(self, scope: str, policy: ScopePolicy) -> None:
+        """Configure ``scope`` with ``policy`` from now on (live counters are kept)."""
+        if not isinstance(policy, ScopePolicy):
+            raise TypeError(f"policy must be a ScopePolicy, got {policy!r}")
+        self._core.set_policy(scope, policy)
+        self._kick_if_running()
+
+    def acquire(
+        self,
+        request: Any = None,
+        *,
+        priority: int = 0,
+        timeout: float | None = None,
+        scopes: _scopes.ScopesLike | None = None,
+    ) -> Permit:
+        """Wait until ``request`` may be sent; use as ``async with``.
+
+        :param request: a URL string or any object with ``.url`` (optionally
+            ``.meta``/``.extensions`` holding ``throttling_scopes``). May be
+            ``None`` when ``scopes`` is given.
+        :param priority: higher goes first among requests waiting on a scope.
+        :param timeout: seconds to wait at most, then :class:`ThrottleTimeout`;
+            ``None`` waits as long as needed.
+        :param scopes: the request's scopes, overriding the resolver: a scope
+            name, a set of names, or ``{scope: cost}``.
+        :raises Overloaded: when ``max_waiters`` requests are already waiting.
+        """
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        if timeout is not None and not (timeout >= 0):
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        if request is None and scopes is None:
+            raise TypeError("acquire() needs a request or scopes=")
+        return Permit(self, request, priority, timeout, scopes)
+
+    def acquire_nowait(
+        self,
+        request: Any = None,
+        *,
+        priority: int = 0,
+        scopes: _scopes.ScopesLike | None = None,
+    ) -> Permit:
+        """Take a permit now or raise :class:`WouldBlock`; use as ``with``.
+
+        The resolver must be synchronous here. Must be called from a running
+        event loop (it reads the backend's clock).
+        """
+        if request is None and scopes is None:
+            raise TypeError("acquire_nowait() needs a request or scopes=")
+        costs = self._resolve_now(request, scopes)
+        if costs is None:
+            raise RuntimeError("acquire_nowait() cannot use an async resolver; use acquire()")
+        now = anyio.current_time()
+        ticket = self._core.make_ticket(costs, priority, now)
+        if not self._core.try_grant(ticket, now):
+            raise WouldBlock(f"no room now for {ticket.scopes}")
+        permit = Permit(self, request, priority, None, scopes)
+        permit._ticket = ticket
+        return permit
+
+    def set_crawl_delay(self, scope: str, seconds: float) -> None:  # pragma: no cover - issue 3
+        raise NotImplementedError
+
+    def statistics(self) -> LimiterStatistics:
+        """A frozen snapshot of the limiter and every scope it currently tracks."""
+        try:
+            now = anyio.current_time()
+        except Exception:
+            now = time.monotonic()
+        core = self._core
+        scopes = {}
+        for ledger in core.iter_scopes():
+            if ledger.policy.quota is not None:
+                ledger._expire(now)
+            scopes[ledger.name] = ScopeStatistics.from_ledger(ledger)
+        return LimiterStatistics(
+            in_flight=core.gate.in_flight,
+            waiting=core.waiting,
+            concurrency=core.gate.limit,
+            next_wake=core.next_wake(),
+            scopes=scopes,
+        )
+
+    # -- internals -----------------------------------------------------------------
+
+    def _resolve_now(self, request: Any, scopes: _scopes.ScopesLike | None) -> dict[str, float] | None:
+        if scopes is not None:
+            return _scopes.as_scope_costs(scopes)
+        carried = _scopes.request_scopes(request)
+        if carried is not None:
+            return _scopes.as_scope_costs(carried)
+        result = self.resolver(request)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            return None
+        return _scopes.as_scope_costs(result)  # type: ignore[arg-type]
+
+    async def _resolve(self, request: Any, scopes: _scopes.ScopesLike | None) -> dict[str, float]:
+        if scopes is not None:
+            return _scopes.as_scope_costs(scopes)
+        carried = _scopes.request_scopes(request)
+        if carried is not None:
+            return _scopes.as_scope_costs(carried)
+        result = self.resolver(request)
+        if inspect.isawaitable(result):
+            result = await result
+        return _scopes.as_scope_costs(result)
+
+    async def _acquire(
+        self,
+        request: Any,
+        priority: int,
+        timeout: float | None,
+        scopes: _scopes.ScopesLike | None,
+    ) -> Ticket:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        costs = await self._resolve(request, scopes)
+        core = self._core
+        now = anyio.current_time()
+        ticket = core.make_ticket(costs, priority, now)
+        if core.try_grant(ticket, now):
+            return ticket  # the fast path: no await, no yield to the event loop
+        if self.max_waiters is not None and core.waiting >= self.max_waiters:
+            raise Overloaded(f"{core.waiting} requests are already waiting (max_waiters)")
+        if core.enqueue(ticket, now):
+            return ticket
+        ticket.waker = anyio.Event()
+        self._sleepers.append(ticket)
+        self._kick(now)
+        try:
+            if timeout is None:
+                await self._wait(ticket)
+            else:
+                with anyio.fail_after(timeout):
+                    await self._wait(ticket)
+        except BaseException as exc:
+            self._abandon(ticket)
+            if isinstance(exc, TimeoutError) and ticket.state == CANCELLED:
+                raise ThrottleTimeout(
+                    f"no grant within {timeout} s for scopes {sorted(ticket.scopes)}"
+                ) from None
+            raise
+        return ticket
+
+    async def _wait(self, ticket: Ticket) -> None:
+        while ticket.state == WAITING:
+            event = ticket.waker
+            if self._timekeeper is ticket:
+                deadline = self._core.next_wake()
+                self._armed = deadline
+                with anyio.CancelScope(deadline=deadline):
+                    await event.wait()
+                if ticket.state != WAITING:
+                    return
+                if event.is_set():
+                    ticket.waker = anyio.Event()
+                self._armed = -INF  # we re-read the next wake ourselves; no need to poke us
+                self._kick(anyio.current_time())
+            else:
+                await event.wait()
+                if ticket.state == WAITING:
+                    ticket.waker = anyio.Event()
+
+    def _abandon(self, ticket: Ticket) -> None:
+        """The waiter of ``ticket`` is gone (cancelled or timed out): hand everything back."""
+        self._core.cancel(ticket, anyio.current_time())
+        if self._timekeeper is ticket:
+            self._timekeeper = None
+        self._kick(anyio.current_time())
+
+    def _release(self, ticket: Ticket) -> None:
+        now = anyio.current_time()
+        self._core.release(ticket, now)
+        if self._core.pending:
+            self._kick(now)
+
+    def _record(self, ticket: Ticket, **fields: Any) -> Feedback:
+        now = anyio.current_time()
+        consumed = fields.pop("consumed")
+        if fields["latency"] is None:
+            fields["latency"] = max(0.0, now - ticket.granted_at)
+        headers = fields["headers"]
+        if headers:
+            from . import headers as _headers
+
+            fields["rate_limit"] = _headers.parse(headers, now=time.time())
+        feedback = Feedback(**fields)
+        self._core.feedback(ticket, feedback, now, consumed)
+        if self._core.pending:
+            self._kick(now)
+        return feedback
+
+    def _kick_if_running(self) -> None:
+        try:
+            now = anyio.current_time()
+        except Exception:
+            return
+        self._kick(now)
+
+    def _kick(self, now: float) -> None:
+        """Grant what can be granted now and make sure one waiter holds the timer."""
+        core = self._core
+        for granted in core.dispatch(now):
+            if granted is self._timekeeper:
+                self._timekeeper = None
+            granted.waker.set()
+        if not core.waiting:
+            self._timekeeper = None
+            return
+        wake = core.next_wake()
+        keeper = self._timekeeper
+        if keeper is not None and keeper.state == WAITING:
+            if wake < self._armed:
+                self._armed = wake
+                keeper.waker.set()
+            return
+        self._timekeeper = None
+        if wake == INF:
+            return  # nothing time-based: a release will kick us
+        sleepers = self._sleepers
+        while sleepers:
+            candidate = sleepers.popleft()
+            if candidate.state == WAITING:
+                self._timekeeper = candidate
+                self._armed = -INF
+                candidate.waker.set()
+                return
+
+
+def _check_limit(name: str, value: object, *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int{' or None' if optional else ''}, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1{' or None (unlimited)' if optional else ''}, got {value!r}")
+
