@@ -181,8 +181,10 @@ class ScopeLedger:
         else:
             self.next_send_at = now
         slots = self.slot_times
-        if slots and self.concurrency is not None and len(slots) >= self.concurrency - (
-            self.in_flight - 1
+        if (
+            slots
+            and self.concurrency is not None
+            and len(slots) >= self.concurrency - (self.in_flight - 1)
         ):
             heapq.heappop(slots)
         for controller in self.controllers:

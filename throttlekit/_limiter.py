@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -20,6 +20,9 @@ from ._errors import Overloaded, ThrottleTimeout, WouldBlock
 from ._policy import ScopePolicy
 from ._scheduler import CANCELLED, GRANTED, WAITING, Scheduler, Ticket
 from ._stats import LimiterStatistics, ScopeStatistics
+
+if TYPE_CHECKING:
+    from .backends import Backend
 
 __all__ = ["Limiter", "Permit"]
 
@@ -44,7 +47,17 @@ class Permit:
     Inside the block, report how the request went with :meth:`record`.
     """
 
-    __slots__ = ("_limiter", "_priority", "_request", "_scopes", "_ticket", "_timeout", "recorded")
+    __slots__ = (
+        "_consumed",
+        "_feedback",
+        "_limiter",
+        "_priority",
+        "_request",
+        "_scopes",
+        "_ticket",
+        "_timeout",
+        "recorded",
+    )
 
     def __init__(
         self,
@@ -59,7 +72,9 @@ class Permit:
         self._priority = priority
         self._timeout = timeout
         self._scopes = scopes
-        self._ticket: Ticket | None = None
+        self._ticket: Any = None  # a Ticket, or a backend's lease
+        self._feedback: Feedback | None = None
+        self._consumed: Mapping[str, float] | None = None
         self.recorded = False
 
     def __repr__(self) -> str:
@@ -70,14 +85,14 @@ class Permit:
         """The granted scopes and the cost taken from each."""
         if self._ticket is None:
             raise RuntimeError("the permit has not been acquired yet")
-        return self._ticket.scopes
+        return dict(self._ticket.scopes)
 
     @property
     def granted_at(self) -> float:
         """The limiter-clock time of the grant (the send time)."""
         if self._ticket is None:
             raise RuntimeError("the permit has not been acquired yet")
-        return self._ticket.granted_at
+        return float(self._ticket.granted_at)
 
     @property
     def request(self) -> Any:
@@ -98,11 +113,18 @@ class Permit:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        backend = self._limiter._backend
+        if backend is not None and self._ticket is not None:
+            lease, self._ticket = self._ticket, None
+            await backend.release(lease, self._feedback, self._consumed)
+            return
         self.release()
 
     def __enter__(self) -> Permit:
         if self._ticket is None:
-            raise RuntimeError("use 'async with limiter.acquire(...)'; 'with' is for acquire_nowait()")
+            raise RuntimeError(
+                "use 'async with limiter.acquire(...)'; 'with' is for acquire_nowait()"
+            )
         return self
 
     def __exit__(
@@ -163,18 +185,23 @@ class Permit:
             adjust_delay = not (
                 isinstance(meta, Mapping) and meta.get("autothrottle_dont_adjust_delay")
             )
-        if consumed is not None:
-            consumed = _scopes.as_scope_costs(consumed) if consumed else {}
-        feedback = self._limiter._record(
-            ticket,
+        if consumed:
+            consumed = _scopes.as_scope_costs(consumed)
+        limiter = self._limiter
+        feedback = limiter._make_feedback(
+            ticket.granted_at,
             status=status,
             headers=headers,
             exception=exception,
             latency=latency,
             size=size,
-            consumed=consumed,
             adjust_delay=adjust_delay,
         )
+        if limiter._backend is not None:
+            # A shared backend learns the feedback when the permit is released.
+            self._feedback, self._consumed = feedback, consumed
+        else:
+            limiter._record(ticket, feedback, consumed)
         self.recorded = True
         return feedback
 
@@ -193,6 +220,9 @@ class Limiter:
     :param max_idle: seconds an idle scope (nothing in flight or waiting) keeps
         its learned state before it may be evicted.
     :param seed: seed for the jitter's random numbers (for reproducible runs).
+    :param backend: a shared state backend (e.g.
+        :class:`throttlekit.backends.redis.RedisBackend`) that decides grants
+        instead of the in-memory ledgers, so several processes share one budget.
 
     Usage::
 
@@ -218,6 +248,7 @@ class Limiter:
         max_scopes: int = 100_000,
         max_idle: float = 3600.0,
         seed: int | None = None,
+        backend: Backend | None = None,
     ) -> None:
         scopes = dict(scopes or {})
         for name, policy in scopes.items():
@@ -232,14 +263,17 @@ class Limiter:
         _check_limit("concurrency", concurrency)
         _check_limit("max_waiters", max_waiters)
         _check_limit("max_scopes", max_scopes, optional=False)
-        if isinstance(max_idle, bool) or not isinstance(max_idle, (int, float)) or not (
-            max_idle > 0
+        if (
+            isinstance(max_idle, bool)
+            or not isinstance(max_idle, (int, float))
+            or not (max_idle > 0)
         ):
             raise ValueError(f"max_idle must be a number of seconds > 0, got {max_idle!r}")
         if not callable(resolver):
             raise TypeError(f"resolver must be callable, got {resolver!r}")
         self.resolver = resolver
         self.max_waiters = max_waiters
+        self._backend = backend
         self._core = Scheduler(
             policies=scopes,
             default=default,
@@ -343,6 +377,8 @@ class Limiter:
         """
         if request is None and scopes is None:
             raise TypeError("acquire_nowait() needs a request or scopes=")
+        if self._backend is not None:
+            raise RuntimeError("acquire_nowait() is not available with a shared backend")
         costs = self._resolve_now(request, scopes)
         if costs is None:
             raise RuntimeError("acquire_nowait() cannot use an async resolver; use acquire()")
@@ -379,7 +415,9 @@ class Limiter:
 
     # -- internals -----------------------------------------------------------------
 
-    def _resolve_now(self, request: Any, scopes: _scopes.ScopesLike | None) -> dict[str, float] | None:
+    def _resolve_now(
+        self, request: Any, scopes: _scopes.ScopesLike | None
+    ) -> dict[str, float] | None:
         if scopes is not None:
             return _scopes.as_scope_costs(scopes)
         carried = _scopes.request_scopes(request)
@@ -390,7 +428,7 @@ class Limiter:
             if inspect.iscoroutine(result):
                 result.close()
             return None
-        return _scopes.as_scope_costs(result)  # type: ignore[arg-type]
+        return _scopes.as_scope_costs(result)
 
     async def _resolve(self, request: Any, scopes: _scopes.ScopesLike | None) -> dict[str, float]:
         if scopes is not None:
@@ -407,12 +445,14 @@ class Limiter:
         self,
         request: Any,
         priority: int,
-        timeout: float | None,
+        timeout: float | None,  # noqa: ASYNC109 - the caller's acquire(timeout=)
         scopes: _scopes.ScopesLike | None,
-    ) -> Ticket:
+    ) -> Any:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {priority!r}")
         costs = await self._resolve(request, scopes)
+        if self._backend is not None:
+            return await self._backend.acquire(self, costs, priority=priority, timeout=timeout)
         core = self._core
         now = anyio.current_time()
         ticket = core.make_ticket(costs, priority, now)
@@ -472,21 +512,22 @@ class Limiter:
         if self._core.pending:
             self._kick(now)
 
-    def _record(self, ticket: Ticket, **fields: Any) -> Feedback:
-        now = anyio.current_time()
-        consumed = fields.pop("consumed")
+    def _make_feedback(self, granted_at: float, **fields: Any) -> Feedback:
         if fields["latency"] is None:
-            fields["latency"] = max(0.0, now - ticket.granted_at)
-        headers = fields["headers"]
-        if headers:
+            fields["latency"] = max(0.0, anyio.current_time() - granted_at)
+        if fields["headers"]:
             from . import headers as _headers
 
-            fields["rate_limit"] = _headers.parse(headers, now=time.time())
-        feedback = Feedback(**fields)
+            fields["rate_limit"] = _headers.parse(fields["headers"], now=time.time())
+        return Feedback(**fields)
+
+    def _record(
+        self, ticket: Ticket, feedback: Feedback, consumed: Mapping[str, float] | None
+    ) -> None:
+        now = anyio.current_time()
         self._core.feedback(ticket, feedback, now, consumed)
         if self._core.pending:
             self._kick(now)
-        return feedback
 
     def _kick_if_running(self) -> None:
         try:
@@ -531,5 +572,6 @@ def _check_limit(name: str, value: object, *, optional: bool = True) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int{' or None' if optional else ''}, got {value!r}")
     if value < 1:
-        raise ValueError(f"{name} must be >= 1{' or None (unlimited)' if optional else ''}, got {value!r}")
-
+        raise ValueError(
+            f"{name} must be >= 1{' or None (unlimited)' if optional else ''}, got {value!r}"
+        )

@@ -117,5 +117,7 @@ class ScopePolicy:
     quota: float | None = attrs.field(default=None, validator=_optional_positive)
     window: float = attrs.field(default=60.0, validator=_positive)
     controllers: tuple[ControllerFactory, ...] = attrs.field(
-        default=(), converter=tuple, validator=attrs.validators.deep_iterable(attrs.validators.is_callable())
+        default=(),
+        converter=tuple,
+        validator=attrs.validators.deep_iterable(attrs.validators.is_callable()),
     )

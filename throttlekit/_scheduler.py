@@ -65,8 +65,8 @@ class Ticket:
         "granted_at",
         "ledgers",
         "priority",
-        "quota_entries",
         "queue",
+        "quota_entries",
         "seq",
         "state",
         "waker",
@@ -87,11 +87,13 @@ class Ticket:
 
     def __repr__(self) -> str:
         scopes = ", ".join(ledger.name for ledger in self.ledgers)
-        return f"<Ticket #{self.seq} [{scopes}] priority={self.priority} {_STATE_NAMES[self.state]}>"
+        return (
+            f"<Ticket #{self.seq} [{scopes}] priority={self.priority} {_STATE_NAMES[self.state]}>"
+        )
 
     @property
     def scopes(self) -> dict[str, float]:
-        return {ledger.name: cost for ledger, cost in zip(self.ledgers, self.costs)}
+        return {ledger.name: cost for ledger, cost in zip(self.ledgers, self.costs, strict=False)}
 
 
 def _before(first: Ticket, second: Ticket) -> bool:
@@ -262,7 +264,7 @@ class Scheduler:
             if ticket.queue is not None:
                 self._mark(ticket.queue)
         elif ticket.state == GRANTED:
-            for ledger, entry in zip(ticket.ledgers, ticket.quota_entries):
+            for ledger, entry in zip(ticket.ledgers, ticket.quota_entries, strict=False):
                 if entry is not None:
                     ledger.reconcile(entry, 0.0)
             self._release(ticket, now)
@@ -353,7 +355,7 @@ class Scheduler:
         self, ticket: Ticket, now: float, skip: ScopeLedger | None
     ) -> ScopeLedger | GlobalGate | None:
         """The first scope (or the global gate) that does not admit ``ticket`` now."""
-        for ledger, cost in zip(ticket.ledgers, ticket.costs):
+        for ledger, cost in zip(ticket.ledgers, ticket.costs, strict=False):
             if ledger is skip:
                 continue
             if ledger.queue:
@@ -381,7 +383,7 @@ class Scheduler:
     def _grant(self, ticket: Ticket, now: float, *, waiting: bool = True) -> None:
         rng = self.rng
         entries = []
-        for ledger, cost in zip(ticket.ledgers, ticket.costs):
+        for ledger, cost in zip(ticket.ledgers, ticket.costs, strict=False):
             if ledger.idle:
                 self._update_idle(ledger, now)
             entries.append(ledger.grant(cost, now, rng))

@@ -94,7 +94,9 @@ def policies_from_settings(
                 _get(settings, "CONCURRENT_REQUESTS_PER_DOMAIN"), "CONCURRENT_REQUESTS_PER_DOMAIN"
             ),
             delay=read_float(_get(settings, "DOWNLOAD_DELAY"), "DOWNLOAD_DELAY"),
-            slot_delay=read_float(_get(settings, "DOWNLOAD_DELAY_PER_SLOT"), "DOWNLOAD_DELAY_PER_SLOT"),
+            slot_delay=read_float(
+                _get(settings, "DOWNLOAD_DELAY_PER_SLOT"), "DOWNLOAD_DELAY_PER_SLOT"
+            ),
             jitter=_jitter(_get(settings, "RANDOMIZE_DOWNLOAD_DELAY"), "RANDOMIZE_DOWNLOAD_DELAY"),
             window=read_float(_get(settings, "THROTTLING_WINDOW"), "THROTTLING_WINDOW"),
         )
@@ -108,7 +110,9 @@ def policies_from_settings(
         concurrency = None
     scopes_setting = _get(settings, "THROTTLING_SCOPES") or {}
     if not isinstance(scopes_setting, Mapping):
-        raise TypeError(f"THROTTLING_SCOPES must be a mapping of scope → dict, got {scopes_setting!r}")
+        raise TypeError(
+            f"THROTTLING_SCOPES must be a mapping of scope → dict, got {scopes_setting!r}"
+        )
     policies: dict[str, ScopePolicy] = {}
     for scope, options in scopes_setting.items():
         where = f"THROTTLING_SCOPES[{scope!r}]"

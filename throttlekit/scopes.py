@@ -32,7 +32,7 @@ import inspect
 import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -56,8 +56,8 @@ FALLBACK_SCOPE = "(no host)"
 
 ScopeCosts = dict[str, float]
 #: What a resolver may return: one scope, several, or scopes with costs.
-ScopesLike = Union[str, Iterable[str], Mapping[str, float]]
-Resolver = Callable[[Any], Union[ScopesLike, Awaitable[ScopesLike]]]
+ScopesLike = str | Iterable[str] | Mapping[str, float]
+Resolver = Callable[[Any], ScopesLike | Awaitable[ScopesLike]]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
