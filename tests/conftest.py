@@ -1,0 +1,65 @@
+"""Shared, additive fixtures for the throttlekit test suite.
+
+Async tests use anyio's pytest plugin: mark them ``@pytest.mark.anyio`` and
+they run once per value of the ``anyio_backend`` fixture below, i.e. on
+asyncio and on trio (both in real time).
+
+Virtual time
+------------
+Timing logic should run in virtual time. Ask for the ``"trio_virtual"``
+backend, a trio loop driven by a fresh ``trio.testing.MockClock(autojump_threshold=0)``
+per test: whenever every task is blocked, the clock jumps straight to the
+next deadline, so ``await anyio.sleep(60)`` takes no real time and
+``anyio.current_time()`` is exact (it starts at 0.0 in each test)::
+
+    @pytest.mark.parametrize("anyio_backend", ["trio_virtual"], indirect=True)
+    @pytest.mark.anyio
+    async def test_something_slow() -> None: ...
+
+or, for a whole module::
+
+    @pytest.fixture
+    def anyio_backend(trio_virtual: AnyioBackend) -> AnyioBackend:
+        return trio_virtual
+
+Indirect parametrization also accepts ``"asyncio"`` and ``"trio"``, so a test
+may run on ``["asyncio", "trio_virtual"]``. The clock of a virtual-time test
+is available inside it as ``trio.lowlevel.current_clock()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio.testing
+
+#: What ``anyio_backend`` returns: a backend name, or ``(name, options)``.
+AnyioBackend = str | tuple[str, dict[str, Any]]
+
+ANYIO_BACKENDS = ("asyncio", "trio", "trio_virtual")
+
+
+def _virtual_trio() -> tuple[str, dict[str, Any]]:
+    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+
+
+@pytest.fixture
+def trio_virtual() -> tuple[str, dict[str, Any]]:
+    """A trio backend on a fresh ``MockClock(autojump_threshold=0)`` (virtual time)."""
+    return _virtual_trio()
+
+
+@pytest.fixture(params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])
+def anyio_backend(request: pytest.FixtureRequest) -> AnyioBackend:
+    """The async backend of ``@pytest.mark.anyio`` tests: asyncio and trio by default.
+
+    Parametrize it indirectly with ``"asyncio"``, ``"trio"`` or
+    ``"trio_virtual"`` (trio on a fresh autojumping ``MockClock``) to choose.
+    """
+    name = request.param
+    if name == "trio_virtual":
+        return _virtual_trio()
+    if name not in ANYIO_BACKENDS:
+        raise ValueError(f"unknown anyio_backend {name!r}; use one of {ANYIO_BACKENDS}")
+    return str(name)
