@@ -78,10 +78,13 @@ expensive, so:
 * every delay (:attr:`~RateLimitInfo.retry_after`, :attr:`~RateLimitInfo.reset`,
   and so what :meth:`~RateLimitInfo.wait` and :meth:`~RateLimitInfo.pace`
   return) is clamped to ``[0, max_delay]``;
-* a single header value longer than 8 KiB is ignored; at most 16 values per
-  header name and 32 list members (or dictionary members, or parameters) per
-  header name are considered, and at most 8 KiB of Structured Field text is
-  handed to the Structured Fields parser per header name.
+* the work is bounded whatever the server sends: a header value longer than
+  8 KiB is ignored; at most 16 values per header name are considered; at most
+  32 members of a list (or members of a legacy dictionary, or parameters of a
+  legacy item) are read, the field lines of one Structured Field List counting
+  together; and at most 8 KiB of text per header name is handed to the
+  Structured Fields parser. A header name longer than any this module reads
+  is skipped without being decoded or lower-cased.
 
 Example::
 
@@ -105,15 +108,14 @@ import http_sf
 
 __all__ = ["EMPTY", "RateLimitInfo", "parse", "parse_retry_after"]
 
-_Headers: TypeAlias = (
-    "Mapping[Any, Any] | Iterable[tuple[str | bytes, str | bytes]] | None"
-)
+_Headers: TypeAlias = Mapping[Any, Any] | Iterable[tuple[str | bytes, str | bytes]] | None
 
 #: A header value longer than this (in characters or bytes) is ignored.
 _MAX_VALUE_LENGTH: Final = 8192
 #: At most this many values are considered per header name.
 _MAX_VALUES_PER_NAME: Final = 16
-#: At most this many list members (or parameters) are considered per header name.
+#: At most this many members (or parameters) of a list are considered; the field
+#: lines of one Structured Field List count together.
 _MAX_MEMBERS: Final = 32
 #: At most this much Structured Field text is parsed per header name.
 _MAX_STRUCTURED_LENGTH: Final = 8192
@@ -152,9 +154,9 @@ _FIELD_NAMES: Final = frozenset(
 _MAX_NAME_LENGTH: Final = max(len(name) for name in _FIELD_NAMES)
 _OWS: Final = " \t"
 
-_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+_NUMBER: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
-_MONTHS: Final = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _MONTH = "(" + "|".join(_MONTHS) + ")"
 _DAY_NAME = "(?:mon|tue|wed|thu|fri|sat|sun)"
 _LONG_DAY_NAME = "(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
@@ -185,7 +187,7 @@ def _check_delay(
     if value is None:
         return
     _check_number(attribute.name, value)
-    if not (math.isfinite(value) and value >= 0):
+    if not (_is_finite(value) and value >= 0):
         raise ValueError(f"{attribute.name} must be None or a finite number >= 0, got {value!r}")
 
 
@@ -195,7 +197,7 @@ def _check_positive(
     if value is None:
         return
     _check_number(attribute.name, value)
-    if not (math.isfinite(value) and value > 0):
+    if not (_is_finite(value) and value > 0):
         raise ValueError(f"{attribute.name} must be None or a finite number > 0, got {value!r}")
 
 
@@ -333,6 +335,7 @@ def parse(headers: _Headers, *, now: float, max_delay: float = 300.0) -> RateLim
     """
     _check_now(now)
     _check_max_delay(max_delay)
+    now, max_delay = float(now), float(max_delay)
     fields = _collect(headers)
     if not fields:
         return EMPTY
@@ -341,11 +344,13 @@ def parse(headers: _Headers, *, now: float, max_delay: float = 300.0) -> RateLim
         _retry_after_delay(value, now=now, date=date, max_delay=max_delay)
         for value in fields.get(_RETRY_AFTER, ())
     )
+    states, dictionary_lines = _structured_items(fields.get(_RATELIMIT, ()))
+    policies, _ = _structured_items(fields.get(_RATELIMIT_POLICY, ()))
     quota = _choose_quota(
         (
-            lambda: _ietf_quota(fields, max_delay),
-            lambda: _legacy_quota(fields, max_delay),
-            lambda: _x_ratelimit_quota(fields, now, max_delay),
+            _ietf_quota(states, policies, max_delay),
+            _legacy_quota(fields, dictionary_lines, max_delay),
+            _x_ratelimit_quota(fields, now, max_delay),
         )
     )
     if retry_after is None and quota is None:
@@ -392,6 +397,7 @@ def parse_retry_after(
     """
     _check_now(now)
     _check_max_delay(max_delay)
+    now, max_delay = float(now), float(max_delay)
     text = _argument_text("value", value)
     date_text = None if date is None else _argument_text("date", date)
     if text is None:
@@ -408,15 +414,22 @@ def _check_number(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
 
 
+def _is_finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _check_now(now: float) -> None:
     _check_number("now", now)
-    if not math.isfinite(now):
+    if not _is_finite(now):
         raise ValueError(f"now must be a finite number of epoch seconds, got {now!r}")
 
 
 def _check_max_delay(max_delay: float) -> None:
     _check_number("max_delay", max_delay)
-    if not (math.isfinite(max_delay) and max_delay > 0):
+    if not (_is_finite(max_delay) and max_delay > 0):
         raise ValueError(f"max_delay must be a finite number > 0, got {max_delay!r}")
 
 
@@ -444,7 +457,7 @@ def _collect(headers: object) -> dict[str, list[str]]:
         key = _field_name(name)
         if key is None:
             continue
-        for raw in _field_values(key, value):
+        for raw in _field_values(name, value):
             count = considered.get(key, 0)
             if count >= _MAX_VALUES_PER_NAME:
                 break
@@ -484,10 +497,10 @@ def _headers_type_message(headers: object) -> str:
     )
 
 
-def _unpacked(pairs: Iterable[object]) -> Iterator[tuple[object, object]]:
+def _unpacked(pairs: Iterable[Any]) -> Iterator[tuple[object, object]]:
     for pair in pairs:
         try:
-            name, value = pair  # type: ignore[misc]
+            name, value = pair
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"headers must yield (name, value) pairs, got {type(pair).__name__}"
@@ -521,7 +534,7 @@ def _field_name(name: object) -> str | None:
     return text if text in _FIELD_NAMES else None
 
 
-def _field_values(name: str, value: object) -> Sequence[str | bytes | bytearray]:
+def _field_values(name: object, value: object) -> Sequence[str | bytes | bytearray]:
     """Return the values one container entry holds (Scrapy keeps a list)."""
     if isinstance(value, (str, bytes, bytearray)):
         return (value,)
@@ -530,11 +543,12 @@ def _field_values(name: str, value: object) -> Sequence[str | bytes | bytearray]
         for item in values:
             if not isinstance(item, (str, bytes, bytearray)):
                 raise TypeError(
-                    f"the values of header {name!r} must be str or bytes, "
-                    f"got {type(item).__name__}"
+                    f"the values of header {name!r} must be str or bytes, got {type(item).__name__}"
                 )
         return values
-    raise TypeError(f"the value of header {name!r} must be str or bytes, got {type(value).__name__}")
+    raise TypeError(
+        f"the value of header {name!r} must be str or bytes, got {type(value).__name__}"
+    )
 
 
 # Small parsers ---------------------------------------------------------------
@@ -643,9 +657,7 @@ def _http_date(text: str, now: float) -> float | None:
     match = _IMF_FIXDATE.fullmatch(text)
     if match is not None:
         day, month, year, hour, minute, second = match.groups()
-        return _to_epoch(
-            int(year), _month(month), int(day), int(hour), int(minute), int(second)
-        )
+        return _to_epoch(int(year), _month(month), int(day), int(hour), int(minute), int(second))
     match = _RFC850_DATE.fullmatch(text)
     if match is not None:
         day, month, two_digit_year, hour, minute, second = match.groups()
@@ -654,9 +666,7 @@ def _http_date(text: str, now: float) -> float | None:
     match = _ASCTIME_DATE.fullmatch(text)
     if match is not None:
         month, day, hour, minute, second, year = match.groups()
-        return _to_epoch(
-            int(year), _month(month), int(day), int(hour), int(minute), int(second)
-        )
+        return _to_epoch(int(year), _month(month), int(day), int(hour), int(minute), int(second))
     return None
 
 
@@ -668,7 +678,8 @@ def _full_year(two_digit_year: int, now: float) -> int:
     """Expand an RFC 850 two-digit year as RFC 9110 asks.
 
     A year that would be more than 50 years in the future is taken as the most
-    recent past year with the same last two digits.
+    recent past year with the same last two digits; the year is otherwise the
+    one nearest to ``now``.
     """
     current = _utc_year(now)
     if current is None:
@@ -676,6 +687,8 @@ def _full_year(two_digit_year: int, now: float) -> int:
     year = current - current % 100 + two_digit_year
     if year > current + 50:
         year -= 100
+    elif year <= current - 50:
+        year += 100
     return year
 
 
@@ -699,8 +712,255 @@ def _retry_after_delay(
         return _clamp(retry_at - (now if date is None else date), max_delay)
     if "," in text:
         # Repeated fields that a proxy joined with commas: "120, 60".
-        return _largest(
-            None if (seconds := _number(member)) is None else _clamp(seconds, max_delay)
-            for member in _members(text)
+        seconds = _largest(_number(member) for member in _members(text))
+        if seconds is not None:
+            return _clamp(seconds, max_delay)
+    return None
+
+
+# Header families -------------------------------------------------------------
+
+
+def _first_members(text: str, count: int) -> str:
+    """Cut a Structured Field List after its first *count* members.
+
+    Commas inside quoted strings do not separate members. Text that does not
+    split cleanly is returned whole (it will fail to parse anyway).
+    """
+    position = 0
+    for _ in range(count):
+        match = _STRUCTURED_MEMBER.match(text, position)
+        end = len(text) if match is None else match.end()
+        if end >= len(text) or text[end] != ",":
+            return text
+        position = end + 1
+    return text[: max(position - 1, 0)]
+
+
+def _parse_structured_list(text: str) -> list[object] | None:
+    """Parse a Structured Field List with http_sf, ``None`` if it is invalid."""
+    if not text.isascii():
+        return None
+    try:
+        parsed = http_sf.parse(text.encode("ascii"), tltype="list")
+    except Exception:  # a third-party parser fed hostile input: any failure means "invalid"
+        return None
+    return list(parsed) if isinstance(parsed, list) else None
+
+
+def _structured_items(values: Sequence[str]) -> tuple[list[_PolicyItem], list[str]]:
+    """Parse the field lines of a draft-10 List (``RateLimit``, ``RateLimit-Policy``).
+
+    :returns: the members whose value is a String or Token (at most
+        ``_MAX_MEMBERS`` over all lines), and the lines that are not valid
+        Lists (for the legacy dictionary fallback).
+    """
+    items: list[_PolicyItem] = []
+    invalid: list[str] = []
+    budget = _MAX_STRUCTURED_LENGTH
+    for value in values:
+        if len(items) >= _MAX_MEMBERS:
+            break
+        text = _first_members(value.strip(_OWS), _MAX_MEMBERS - len(items))
+        if len(text) > budget:
+            continue
+        budget -= len(text)
+        parsed = _parse_structured_list(text)
+        if parsed is None:
+            invalid.append(value)
+            continue
+        for member in parsed[: _MAX_MEMBERS - len(items)]:
+            item = _policy_item(member)
+            if item is not None:
+                items.append(item)
+    return items, invalid
+
+
+def _policy_item(member: object) -> _PolicyItem | None:
+    if not (isinstance(member, tuple) and len(member) == 2):
+        return None
+    value, params = member
+    if not isinstance(value, (str, http_sf.Token)) or not isinstance(params, dict):
+        return None
+    return _PolicyItem(str(value), params)
+
+
+def _structured_number(value: object) -> float | None:
+    """A non-negative finite Integer or Decimal parameter, else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _structured_text(value: object) -> str | None:
+    """A Byte Sequence (decoded as latin-1), String or Token parameter as text."""
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    if isinstance(value, (str, http_sf.Token)):
+        return str(value)
+    return None
+
+
+@attrs.frozen
+class _Policy:
+    """A quota policy from ``RateLimit-Policy``."""
+
+    name: str
+    quota: float
+    window: float | None
+    partition_key: str | None
+
+    def rate(self) -> float:
+        """Quota per second, or the bare quota when the window is unknown."""
+        return self.quota if self.window is None else self.quota / self.window
+
+
+def _ietf_quota(
+    states: Sequence[_PolicyItem], policy_items: Sequence[_PolicyItem], max_delay: float
+) -> _Quota | None:
+    """The draft-10 quota: the most restrictive ``RateLimit`` item and its policy."""
+    policies: dict[str, _Policy] = {}
+    for item in policy_items:
+        quota = _structured_number(item.params.get("q"))
+        if quota is None or quota <= 0:
+            continue
+        window = _structured_number(item.params.get("w")) or None
+        known = policies.get(item.name)
+        if known is None or quota < known.quota:
+            partition_key = _structured_text(item.params.get("pk"))
+            policies[item.name] = _Policy(item.name, quota, window, partition_key)
+
+    best: tuple[tuple[float, float], _PolicyItem, float, float | None] | None = None
+    for item in states:
+        remaining = _structured_number(item.params.get("r"))
+        if remaining is None:
+            continue
+        reset = _structured_number(item.params.get("t"))
+        rank = (remaining, math.inf if reset is None else -reset)
+        if best is None or rank < best[0]:
+            best = (rank, item, remaining, reset)
+
+    if best is None:
+        if not policies:
+            return None
+        timed = [policy for policy in policies.values() if policy.window is not None]
+        chosen = min(timed or policies.values(), key=_Policy.rate)
+        return _Quota(
+            "ietf",
+            limit=chosen.quota,
+            window=chosen.window,
+            policy=chosen.name,
+            partition_key=chosen.partition_key,
         )
+
+    _, item, remaining, reset = best
+    policy = policies.get(item.name)
+    partition_key = _structured_text(item.params.get("pk"))
+    if partition_key is None and policy is not None:
+        partition_key = policy.partition_key
+    return _Quota(
+        "ietf",
+        remaining=remaining,
+        reset=None if reset is None else _clamp(reset, max_delay),
+        limit=None if policy is None else policy.quota,
+        window=None if policy is None else policy.window,
+        policy=item.name,
+        partition_key=partition_key,
+    )
+
+
+def _quota_from(
+    source: str,
+    remaining: Sequence[float],
+    resets: Sequence[float],
+    limits: Iterable[tuple[float, float | None] | None],
+    max_delay: float,
+) -> _Quota | None:
+    """Combine repeated values the careful way: least remaining, latest reset."""
+    limit, window = _smallest_limit(limits)
+    if not remaining and not resets and limit is None:
+        return None
+    return _Quota(
+        source,
+        remaining=min(remaining) if remaining else None,
+        reset=_clamp(max(resets), max_delay) if resets else None,
+        limit=limit,
+        window=window,
+    )
+
+
+def _legacy_quota(
+    fields: Mapping[str, Sequence[str]], dictionary_lines: Sequence[str], max_delay: float
+) -> _Quota | None:
+    """The older drafts: ``RateLimit-Limit/-Remaining/-Reset`` and the dictionary form."""
+    remaining = [
+        number for value in fields.get(_LEGACY_REMAINING, ()) for number in _numbers(value)
+    ]
+    resets = [number for value in fields.get(_LEGACY_RESET, ()) for number in _numbers(value)]
+    limits = [_limit_and_window(value) for value in fields.get(_LEGACY_LIMIT, ())]
+    for line in dictionary_lines:
+        for member in _members(line):
+            key, separator, value = member.partition("=")
+            if not separator:
+                continue
+            key = key.strip(_OWS).lower()
+            if key == "limit":
+                limits.append(_limit_and_window(value))
+                continue
+            number, _ = _number_and_window(value)
+            if number is None:
+                continue
+            if key == "remaining":
+                remaining.append(number)
+            elif key == "reset":
+                resets.append(number)
+    return _quota_from("ietf-legacy", remaining, resets, limits, max_delay)
+
+
+def _x_reset(value: str, now: float) -> Iterator[float]:
+    """Yield the delays of an ``X-RateLimit-Reset`` value (delta, epoch s or ms, or date)."""
+    date = _http_date(value, now)
+    if date is not None:
+        yield date - now
+        return
+    for number in _numbers(value):
+        if number > 1e12:
+            yield number / 1000 - now
+        elif number > 1e9:
+            yield number - now
+        else:
+            yield number
+
+
+def _x_ratelimit_quota(
+    fields: Mapping[str, Sequence[str]], now: float, max_delay: float
+) -> _Quota | None:
+    """The de facto ``X-RateLimit-*`` and ``X-Rate-Limit-*`` fields."""
+    remaining = [
+        number
+        for name in _X_REMAINING
+        for value in fields.get(name, ())
+        for number in _numbers(value)
+    ]
+    resets = [
+        delay
+        for name in _X_RESET
+        for value in fields.get(name, ())
+        for delay in _x_reset(value, now)
+    ]
+    resets.extend(number for value in fields.get(_X_RESET_AFTER, ()) for number in _numbers(value))
+    limits = [_limit_and_window(value) for name in _X_LIMIT for value in fields.get(name, ())]
+    return _quota_from("x-ratelimit", remaining, resets, limits, max_delay)
+
+
+def _choose_quota(quotas: Iterable[_Quota | None]) -> _Quota | None:
+    """The first family reporting remaining or reset, else the first with a limit."""
+    present = [quota for quota in quotas if quota is not None]
+    for quota in present:
+        if quota.remaining is not None or quota.reset is not None:
+            return quota
+    for quota in present:
+        if quota.limit is not None:
+            return quota
     return None

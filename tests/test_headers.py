@@ -1,0 +1,682 @@
+"""Tests for :mod:`throttlekit.headers`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from email.utils import formatdate
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from multidict import CIMultiDict, CIMultiDictProxy
+from scrapy.http import Headers as ScrapyHeaders
+
+from throttlekit.headers import EMPTY, RateLimitInfo, parse, parse_retry_after
+
+#: Tue, 14 Nov 2023 22:13:20 GMT
+NOW = 1_700_000_000.0
+#: 1994-11-06 08:49:00 UTC, a moment before the RFC 9110 example dates.
+NOW_1994 = 784_111_740.0
+MAX_DELAY = 300.0
+
+
+def http_date(offset: float) -> str:
+    """The IMF-fixdate *offset* seconds after ``NOW``."""
+    return formatdate(NOW + offset, usegmt=True)
+
+
+def expect(**fields: object) -> dict[str, object]:
+    """Every attribute of a :class:`RateLimitInfo`: ``None`` unless given."""
+    return {**attrs.asdict(EMPTY), **fields}
+
+
+def ietf(**fields: object) -> dict[str, object]:
+    return expect(source="ietf", **fields)
+
+
+def legacy(**fields: object) -> dict[str, object]:
+    return expect(source="ietf-legacy", **fields)
+
+
+def x_ratelimit(**fields: object) -> dict[str, object]:
+    return expect(source="x-ratelimit", **fields)
+
+
+def many_items(count: int, restrictive_at: int) -> str:
+    """A draft-10 ``RateLimit`` List where only item *restrictive_at* has ``r=0``."""
+    value = ", ".join(f"p{i};r={0 if i == restrictive_at else 9}" for i in range(count))
+    assert (len(value) <= 8192) == (count <= 600)
+    return value
+
+
+#: What a response without any usable rate-limit header gives.
+EMPTY_FIELDS = expect()
+
+PARSE_CASES = [
+    # --- Retry-After -------------------------------------------------------
+    pytest.param({"Retry-After": "120"}, expect(retry_after=120.0), id="retry-after-seconds"),
+    pytest.param({"retry-after": "1.5"}, expect(retry_after=1.5), id="retry-after-decimal"),
+    pytest.param({"RETRY-AFTER": "0"}, expect(retry_after=0.0), id="retry-after-zero"),
+    pytest.param({"Retry-After": " 30 \t"}, expect(retry_after=30.0), id="retry-after-ows"),
+    pytest.param(
+        {"Retry-After": "99999999999"}, expect(retry_after=MAX_DELAY), id="retry-after-clamped"
+    ),
+    pytest.param(
+        {"Retry-After": http_date(120)}, expect(retry_after=120.0), id="retry-after-imf-fixdate"
+    ),
+    pytest.param(
+        {"Retry-After": "Tuesday, 14-Nov-23 22:14:20 GMT"},
+        expect(retry_after=60.0),
+        id="retry-after-rfc850",
+    ),
+    pytest.param(
+        {"Retry-After": "Tue Nov 14 22:14:50 2023"},
+        expect(retry_after=90.0),
+        id="retry-after-asctime",
+    ),
+    pytest.param(
+        {"Retry-After": http_date(-3600)}, expect(retry_after=0.0), id="retry-after-past-date"
+    ),
+    pytest.param(
+        {"Retry-After": http_date(120), "Date": http_date(100)},
+        expect(retry_after=20.0),
+        id="retry-after-relative-to-date-header",
+    ),
+    pytest.param(
+        {"Retry-After": http_date(120), "Date": "yesterday"},
+        expect(retry_after=120.0),
+        id="retry-after-invalid-date-header-uses-now",
+    ),
+    pytest.param(
+        [("Retry-After", http_date(120)), ("Date", http_date(100)), ("Date", http_date(90))],
+        expect(retry_after=30.0),
+        id="retry-after-duplicate-date-headers-take-earliest",
+    ),
+    pytest.param(
+        [("Retry-After", "5"), ("retry-after", "30"), ("RETRY-AFTER", "bogus")],
+        expect(retry_after=30.0),
+        id="retry-after-duplicates-take-largest",
+    ),
+    pytest.param({"Retry-After": "5, 30"}, expect(retry_after=30.0), id="retry-after-comma-joined"),
+    # --- IETF draft-10 structured fields --------------------------------------
+    pytest.param(
+        {"RateLimit-Policy": '"default";q=100;w=60', "RateLimit": '"default";r=50;t=30'},
+        ietf(remaining=50.0, reset=30.0, limit=100.0, window=60.0, policy="default"),
+        id="ietf-single-policy",
+    ),
+    pytest.param(
+        {
+            "RateLimit-Policy": '"default";q=100;w=60, "daily";q=1000;w=86400',
+            "RateLimit": '"default";r=50;t=30, "daily";r=10;t=3000',
+        },
+        ietf(remaining=10.0, reset=MAX_DELAY, limit=1000.0, window=86400.0, policy="daily"),
+        id="ietf-most-restrictive-policy",
+    ),
+    pytest.param(
+        {"RateLimit": '"a";r=0;t=10, "b";r=0;t=20, "c";r=0'},
+        ietf(remaining=0.0, reset=20.0, policy="b"),
+        id="ietf-tie-takes-largest-reset",
+    ),
+    pytest.param(
+        {"RateLimit-Policy": "default;q=100;w=60", "RateLimit": "default;r=5;t=1"},
+        ietf(remaining=5.0, reset=1.0, limit=100.0, window=60.0, policy="default"),
+        id="ietf-token-keys",
+    ),
+    pytest.param(
+        {"RateLimit": '"default";r=5;t=1;pk=:cHJvamVjdDEyMw==:'},
+        ietf(remaining=5.0, reset=1.0, policy="default", partition_key="project123"),
+        id="ietf-partition-key",
+    ),
+    pytest.param(
+        {
+            "RateLimit-Policy": '"default";q=100;qu="requests";pk=:dXNlcjE=:',
+            "RateLimit": '"default";r=5',
+        },
+        ietf(remaining=5.0, limit=100.0, policy="default", partition_key="user1"),
+        id="ietf-partition-key-from-policy",
+    ),
+    pytest.param(
+        {"RateLimit-Policy": '"burst";q=100;w=60, "daily";q=1000;w=86400'},
+        ietf(limit=1000.0, window=86400.0, policy="daily"),
+        id="ietf-policy-alone-smallest-rate",
+    ),
+    pytest.param(
+        {"RateLimit-Policy": '"other";q=100;w=60', "RateLimit": '"default";r=5;t=1'},
+        ietf(remaining=5.0, reset=1.0, policy="default"),
+        id="ietf-state-without-matching-policy",
+    ),
+    pytest.param(
+        {"RateLimit": '"a";r=1.5;t=2.5'},
+        ietf(remaining=1.5, reset=2.5, policy="a"),
+        id="ietf-decimal-parameters",
+    ),
+    pytest.param({"RateLimit": '"a";t=5'}, EMPTY_FIELDS, id="ietf-without-r-ignored"),
+    pytest.param({"RateLimit": '"a";r=-1;t=5'}, EMPTY_FIELDS, id="ietf-negative-r-ignored"),
+    pytest.param({"RateLimit": '"a";r=?1;t=5'}, EMPTY_FIELDS, id="ietf-boolean-r-ignored"),
+    pytest.param({"RateLimit": '("a" "b");r=1'}, EMPTY_FIELDS, id="ietf-inner-list-ignored"),
+    pytest.param(
+        {"RateLimit-Policy": '"default";q=100;w=60,,', "RateLimit": '"default";r=5;t=1'},
+        ietf(remaining=5.0, reset=1.0, policy="default"),
+        id="ietf-invalid-policy-ignored",
+    ),
+    pytest.param(
+        [("RateLimit", '"a";r=5;t=1'), ("RateLimit", '"b";r=2;t=9'), ("RateLimit", "nonsense!")],
+        ietf(remaining=2.0, reset=9.0, policy="b"),
+        id="ietf-several-field-lines",
+    ),
+    # --- older IETF drafts ----------------------------------------------------
+    pytest.param(
+        {"RateLimit-Limit": "100", "RateLimit-Remaining": "50", "RateLimit-Reset": "30"},
+        legacy(limit=100.0, remaining=50.0, reset=30.0),
+        id="legacy-separate-fields",
+    ),
+    pytest.param(
+        {"RateLimit-Limit": "100, 100;w=60", "RateLimit-Remaining": "0", "RateLimit-Reset": "7"},
+        legacy(limit=100.0, window=60.0, remaining=0.0, reset=7.0),
+        id="legacy-limit-with-policy",
+    ),
+    pytest.param(
+        {"RateLimit": "limit=100, remaining=50, reset=30"},
+        legacy(limit=100.0, remaining=50.0, reset=30.0),
+        id="legacy-dictionary-form",
+    ),
+    pytest.param(
+        [
+            ("RateLimit-Remaining", "5"),
+            ("ratelimit-remaining", "3"),
+            ("RateLimit-Reset", "10"),
+            ("RateLimit-Reset", "20"),
+        ],
+        legacy(remaining=3.0, reset=20.0),
+        id="legacy-duplicates-most-restrictive",
+    ),
+    pytest.param(
+        {"RateLimit-Reset": "1700000100"},
+        legacy(reset=MAX_DELAY),
+        id="legacy-reset-is-always-delta",
+    ),
+    # --- de facto X-RateLimit -------------------------------------------------
+    pytest.param(
+        {"X-RateLimit-Limit": "5000", "X-RateLimit-Remaining": "4999", "X-RateLimit-Reset": "30"},
+        x_ratelimit(limit=5000.0, remaining=4999.0, reset=30.0),
+        id="x-delta-reset",
+    ),
+    pytest.param(
+        {"X-RateLimit-Reset": "1700000100"}, x_ratelimit(reset=100.0), id="x-epoch-seconds"
+    ),
+    pytest.param(
+        {"X-RateLimit-Reset": "1700000042500"}, x_ratelimit(reset=42.5), id="x-epoch-millis"
+    ),
+    pytest.param({"X-RateLimit-Reset": "1699990000"}, x_ratelimit(reset=0.0), id="x-epoch-past"),
+    pytest.param(
+        {"X-Rate-Limit-Limit": "15", "X-Rate-Limit-Remaining": "0", "X-Rate-Limit-Reset": "60"},
+        x_ratelimit(limit=15.0, remaining=0.0, reset=60.0),
+        id="x-rate-limit-prefix",
+    ),
+    pytest.param({"X-RateLimit-Reset-After": "12.5"}, x_ratelimit(reset=12.5), id="x-reset-after"),
+    pytest.param(
+        {"X-RateLimit-Reset": http_date(45)}, x_ratelimit(reset=45.0), id="x-reset-http-date"
+    ),
+    pytest.param(
+        [
+            ("X-RateLimit-Limit", "100"),
+            ("X-RateLimit-Limit", "60"),
+            ("X-RateLimit-Remaining", "10"),
+            ("x-ratelimit-remaining", "4"),
+            ("X-RateLimit-Reset", "5"),
+            ("X-RateLimit-Reset", "50"),
+        ],
+        x_ratelimit(limit=60.0, remaining=4.0, reset=50.0),
+        id="x-duplicates-most-restrictive",
+    ),
+    # --- precedence -------------------------------------------------------------
+    pytest.param(
+        {
+            "RateLimit": '"default";r=1;t=2',
+            "RateLimit-Remaining": "20",
+            "X-RateLimit-Remaining": "30",
+        },
+        ietf(remaining=1.0, reset=2.0, policy="default"),
+        id="precedence-ietf-first",
+    ),
+    pytest.param(
+        {"RateLimit-Remaining": "20", "X-RateLimit-Remaining": "30", "X-RateLimit-Reset": "9"},
+        legacy(remaining=20.0),
+        id="precedence-legacy-over-x",
+    ),
+    pytest.param(
+        {"RateLimit-Policy": '"default";q=100;w=60', "X-RateLimit-Remaining": "30"},
+        x_ratelimit(remaining=30.0),
+        id="precedence-live-state-over-policy-alone",
+    ),
+    pytest.param(
+        {"RateLimit": "limit=10, remaining=1, reset=3", "X-RateLimit-Remaining": "30"},
+        legacy(limit=10.0, remaining=1.0, reset=3.0),
+        id="precedence-invalid-structured-falls-back-to-dictionary",
+    ),
+    pytest.param(
+        {"Retry-After": "7", "RateLimit": '"default";r=0;t=30'},
+        ietf(retry_after=7.0, remaining=0.0, reset=30.0, policy="default"),
+        id="retry-after-alongside-ratelimit",
+    ),
+    # --- hostile input ----------------------------------------------------------
+    pytest.param(None, EMPTY_FIELDS, id="none"),
+    pytest.param({}, EMPTY_FIELDS, id="empty-mapping"),
+    pytest.param({"Content-Type": "text/html"}, EMPTY_FIELDS, id="unrelated-headers"),
+    pytest.param({"Retry-After": ""}, EMPTY_FIELDS, id="retry-after-empty"),
+    pytest.param({"Retry-After": " \t "}, EMPTY_FIELDS, id="retry-after-whitespace"),
+    pytest.param({"Retry-After": "-5"}, EMPTY_FIELDS, id="retry-after-negative"),
+    pytest.param({"Retry-After": "1e400"}, EMPTY_FIELDS, id="retry-after-exponent"),
+    pytest.param({"Retry-After": "nan"}, EMPTY_FIELDS, id="retry-after-nan"),
+    pytest.param({"Retry-After": "inf"}, EMPTY_FIELDS, id="retry-after-inf"),
+    pytest.param({"Retry-After": "1" * 21}, EMPTY_FIELDS, id="retry-after-too-many-digits"),
+    pytest.param({"Retry-After": "\uff11\uff12"}, EMPTY_FIELDS, id="retry-after-fullwidth-digits"),
+    pytest.param({"Retry-After": "1_000"}, EMPTY_FIELDS, id="retry-after-underscore"),
+    pytest.param(
+        {"Retry-After": "Fri, 31 Feb 2023 10:00:00 GMT"}, EMPTY_FIELDS, id="retry-after-bad-day"
+    ),
+    pytest.param(
+        {"Retry-After": "Tue, 14 Nov 2023 25:00:00 GMT"}, EMPTY_FIELDS, id="retry-after-bad-hour"
+    ),
+    pytest.param(
+        {"Retry-After": "Tue, 14 Nov 2023 22:15:20 +0100"}, EMPTY_FIELDS, id="retry-after-offset"
+    ),
+    pytest.param({"Retry-After": "9" * 10_000_000}, EMPTY_FIELDS, id="retry-after-10-mb"),
+    pytest.param(
+        {"RateLimit": '"a";r=0;t=' + "9" * 10_000_000}, EMPTY_FIELDS, id="ratelimit-10-mb"
+    ),
+    pytest.param(
+        {"RateLimit": many_items(10_000, restrictive_at=0)},
+        EMPTY_FIELDS,
+        id="ratelimit-10000-items-over-8-kib",
+    ),
+    pytest.param(
+        {"RateLimit": many_items(600, restrictive_at=31)},
+        ietf(remaining=0.0, policy="p31"),
+        id="ratelimit-32nd-item-considered",
+    ),
+    pytest.param(
+        {"RateLimit": many_items(600, restrictive_at=32)},
+        ietf(remaining=9.0, policy="p0"),
+        id="ratelimit-33rd-item-ignored",
+    ),
+    pytest.param(
+        [("Retry-After", "1")] * 10_000 + [("Retry-After", "200")],
+        expect(retry_after=1.0),
+        id="retry-after-10000-fields-first-16-considered",
+    ),
+    pytest.param(
+        [("Retry-After", "1")] * 15 + [("Retry-After", "200")],
+        expect(retry_after=200.0),
+        id="retry-after-16th-field-considered",
+    ),
+    pytest.param(
+        {"X-RateLimit-Remaining": ", ".join(["9"] * 32 + ["0"])},
+        x_ratelimit(remaining=9.0),
+        id="x-33rd-list-member-ignored",
+    ),
+    pytest.param(
+        [(b"Retry-After", b"\xff\xfe5"), (b"RateLimit", b'"\xe9";r=1'), (b"X-\xff", b"1")],
+        EMPTY_FIELDS,
+        id="non-ascii-bytes",
+    ),
+    pytest.param(
+        {"RateLimit": "\u00e9t\u00e9;r=1", "X-RateLimit-Remaining": "\u0661"},
+        EMPTY_FIELDS,
+        id="non-ascii-text",
+    ),
+    pytest.param(
+        {"RateLimit": '"a";r=1;t=2;' + ";".join(["x"] * 3000)},
+        ietf(remaining=1.0, reset=2.0, policy="a"),
+        id="ratelimit-thousands-of-parameters",
+    ),
+    pytest.param(
+        {"RateLimit": '"unterminated;r=1', "RateLimit-Remaining": "4"},
+        legacy(remaining=4.0),
+        id="ratelimit-unterminated-string",
+    ),
+    pytest.param(
+        {"RateLimit-Limit": "0", "X-RateLimit-Limit": "-1"}, EMPTY_FIELDS, id="zero-limit"
+    ),
+    pytest.param({"Retry-After-" + "x" * 5000: "5"}, EMPTY_FIELDS, id="long-header-name"),
+]
+
+
+@pytest.mark.parametrize(("headers", "expected"), PARSE_CASES)
+def test_parse(headers: Any, expected: dict[str, object]) -> None:
+    info = parse(headers, now=NOW, max_delay=MAX_DELAY)
+    assert attrs.asdict(info) == expected
+
+
+# --- containers ------------------------------------------------------------------
+
+PAIRS = [
+    ("Retry-After", "5"),
+    ("retry-after", "30"),
+    ("RateLimit-Policy", '"default";q=100;w=60'),
+    ("ratelimit", '"default";r=0;t=12'),
+    ("X-RateLimit-Remaining", "7"),
+]
+CONTAINER_EXPECTED = ietf(
+    retry_after=30.0, remaining=0.0, reset=12.0, limit=100.0, window=60.0, policy="default"
+)
+
+
+class LookupOnly:
+    """A headers object that only offers a case-insensitive ``get_list``."""
+
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        self._pairs = pairs
+
+    def get_list(self, name: str) -> list[str]:
+        return [value for key, value in self._pairs if key.lower() == name.lower()]
+
+
+def scrapy_headers(pairs: list[tuple[str, str]]) -> ScrapyHeaders:
+    headers = ScrapyHeaders()
+    for name, value in pairs:
+        headers.appendlist(name, value)
+    return headers
+
+
+def as_dict_of_lists(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for name, value in pairs:
+        grouped.setdefault(name.lower(), []).append(value)
+    return grouped
+
+
+def pair_iterator(pairs: list[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+    return iter(pairs)
+
+
+CONTAINERS: list[Any] = [
+    pytest.param(list, id="list-of-str-pairs"),
+    pytest.param(
+        lambda pairs: [(n.encode("latin-1"), v.encode("latin-1")) for n, v in pairs],
+        id="list-of-bytes-pairs",
+    ),
+    pytest.param(tuple, id="tuple-of-pairs"),
+    pytest.param(pair_iterator, id="iterator-of-pairs"),
+    pytest.param(dict, id="dict-mixed-case-keys"),
+    pytest.param(as_dict_of_lists, id="dict-of-lists"),
+    pytest.param(httpx.Headers, id="httpx-headers"),
+    pytest.param(CIMultiDict, id="multidict-cimultidict"),
+    pytest.param(lambda pairs: CIMultiDictProxy(CIMultiDict(pairs)), id="aiohttp-proxy"),
+    pytest.param(scrapy_headers, id="scrapy-headers"),
+    pytest.param(LookupOnly, id="lookup-only"),
+]
+
+
+@pytest.mark.parametrize("build", CONTAINERS)
+def test_parse_accepts_every_container(build: Callable[[list[tuple[str, str]]], Any]) -> None:
+    info = parse(build(PAIRS), now=NOW, max_delay=MAX_DELAY)
+    assert attrs.asdict(info) == CONTAINER_EXPECTED
+
+
+def test_parse_returns_the_empty_singleton() -> None:
+    assert parse(None, now=NOW) is EMPTY
+    assert parse({"Server": "x"}, now=NOW) is EMPTY
+    assert attrs.asdict(EMPTY) == expect()
+
+
+def test_max_delay_clamps_every_delay() -> None:
+    info = parse({"Retry-After": "90", "RateLimit": '"default";r=0;t=120'}, now=NOW, max_delay=60)
+    assert (info.retry_after, info.reset, info.wait()) == (60.0, 60.0, 60.0)
+
+
+# --- parse_retry_after -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "now", "date", "expected"),
+    [
+        pytest.param("120", NOW, None, 120.0, id="seconds"),
+        pytest.param(b"120", NOW, None, 120.0, id="seconds-bytes"),
+        pytest.param("1.5", NOW, None, 1.5, id="decimal"),
+        pytest.param("Sun, 06 Nov 1994 08:49:37 GMT", NOW_1994, None, 37.0, id="imf-fixdate"),
+        pytest.param("Sunday, 06-Nov-94 08:49:37 GMT", NOW_1994, None, 37.0, id="rfc850"),
+        pytest.param("Sun Nov  6 08:49:37 1994", NOW_1994, None, 37.0, id="asctime"),
+        pytest.param("Sun Nov 06 08:49:37 1994", NOW_1994, None, 37.0, id="asctime-zero-pad"),
+        pytest.param("sun, 06 nov 1994 08:49:37 gmt", NOW_1994, None, 37.0, id="lower-case"),
+        pytest.param(
+            "Sun, 06 Nov 1994 08:49:37 GMT",
+            NOW,
+            "Sun, 06 Nov 1994 08:49:30 GMT",
+            7.0,
+            id="relative-to-date",
+        ),
+        pytest.param(
+            b"Sun, 06 Nov 1994 08:49:37 GMT",
+            NOW,
+            b"Sun Nov  6 08:49:30 1994",
+            7.0,
+            id="relative-to-asctime-date-bytes",
+        ),
+        pytest.param(
+            "Sun, 06 Nov 1994 08:49:37 GMT", NOW, "Sun, 06 Nov 1994 08:50:00 GMT", 0.0, id="early"
+        ),
+        pytest.param("Sun, 06 Nov 1994 08:49:37 GMT", NOW, "garbage", 0.0, id="bad-date-uses-now"),
+        pytest.param("Sunday, 06-Nov-94 08:49:37 GMT", NOW, None, 0.0, id="rfc850-94-is-1994"),
+        pytest.param(
+            "Thursday, 01-Jan-70 00:00:00 GMT", NOW, None, MAX_DELAY, id="rfc850-70-is-2070"
+        ),
+        pytest.param("Sun, 06 Nov 9999 08:49:37 GMT", NOW, None, MAX_DELAY, id="far-future"),
+        pytest.param("Sun, 06 Nov 0000 08:49:37 GMT", NOW, None, None, id="year-zero"),
+        pytest.param("Sun, 6 Nov 1994 08:49:37 GMT", NOW_1994, None, None, id="one-digit-day"),
+        pytest.param("Sun, 06 Foo 1994 08:49:37 GMT", NOW_1994, None, None, id="bad-month"),
+        pytest.param("-1", NOW, None, None, id="negative"),
+        pytest.param("+1", NOW, None, None, id="plus-sign"),
+        pytest.param("1.", NOW, None, None, id="trailing-dot"),
+        pytest.param("", NOW, None, None, id="empty"),
+        pytest.param(b"\x00\xff", NOW, None, None, id="binary"),
+        pytest.param("5" * 9000, NOW, None, None, id="over-8-kib"),
+    ],
+)
+def test_parse_retry_after(
+    value: str | bytes, now: float, date: str | bytes | None, expected: float | None
+) -> None:
+    assert parse_retry_after(value, now=now, date=date, max_delay=MAX_DELAY) == expected
+
+
+# --- RateLimitInfo ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("info", "wait", "pace"),
+    [
+        pytest.param(RateLimitInfo(), None, None, id="empty"),
+        pytest.param(RateLimitInfo(retry_after=5.0), 5.0, None, id="retry-after"),
+        pytest.param(
+            RateLimitInfo(retry_after=5.0, remaining=0.0, reset=30.0),
+            5.0,
+            None,
+            id="retry-after-wins-over-reset",
+        ),
+        pytest.param(RateLimitInfo(remaining=0.0, reset=30.0), 30.0, None, id="exhausted"),
+        pytest.param(RateLimitInfo(remaining=0.0), None, None, id="exhausted-no-reset"),
+        pytest.param(RateLimitInfo(remaining=10.0, reset=30.0), None, 3.0, id="pace"),
+        pytest.param(RateLimitInfo(remaining=0.5, reset=30.0), None, 30.0, id="pace-below-one"),
+        pytest.param(RateLimitInfo(remaining=10.0), None, None, id="pace-needs-reset"),
+        pytest.param(RateLimitInfo(remaining=10.0, reset=0.0), None, 0.0, id="pace-reset-now"),
+    ],
+)
+def test_wait_and_pace(info: RateLimitInfo, wait: float | None, pace: float | None) -> None:
+    assert info.wait() == wait
+    assert info.pace() == pace
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        pytest.param({"retry_after": -1.0}, ValueError, id="negative-retry-after"),
+        pytest.param({"reset": math.inf}, ValueError, id="infinite-reset"),
+        pytest.param({"remaining": math.nan}, ValueError, id="nan-remaining"),
+        pytest.param({"limit": 0.0}, ValueError, id="zero-limit"),
+        pytest.param({"window": "60"}, TypeError, id="text-window"),
+        pytest.param({"policy": 1}, TypeError, id="number-policy"),
+        pytest.param({"source": "custom"}, ValueError, id="unknown-source"),
+    ],
+)
+def test_ratelimitinfo_validates(fields: dict[str, Any], error: type[Exception]) -> None:
+    name = next(iter(fields))
+    with pytest.raises(error, match=name):
+        RateLimitInfo(**fields)
+
+
+def test_ratelimitinfo_is_frozen() -> None:
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        EMPTY.reset = 1.0  # type: ignore[misc]
+
+
+# --- programmer errors -----------------------------------------------------------
+
+
+def call_parse(headers: Any = None, **kwargs: Any) -> object:
+    """Call :func:`parse` with ``now=NOW`` unless given, and any argument types."""
+    return parse(headers, **{"now": NOW, **kwargs})
+
+
+def call_parse_retry_after(value: Any = "5", **kwargs: Any) -> object:
+    """Call :func:`parse_retry_after` with ``now=NOW`` unless given."""
+    return parse_retry_after(value, **{"now": NOW, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("call", "args", "error", "match"),
+    [
+        pytest.param(call_parse, {"max_delay": 0}, ValueError, "max_delay", id="zero-max-delay"),
+        pytest.param(call_parse, {"max_delay": -1}, ValueError, "max_delay", id="negative"),
+        pytest.param(call_parse, {"max_delay": math.nan}, ValueError, "max_delay", id="nan"),
+        pytest.param(call_parse, {"max_delay": math.inf}, ValueError, "max_delay", id="inf"),
+        pytest.param(call_parse, {"max_delay": "300"}, TypeError, "max_delay", id="text"),
+        pytest.param(call_parse, {"now": math.nan}, ValueError, "now", id="nan-now"),
+        pytest.param(call_parse, {"now": 10**400}, ValueError, "now", id="huge-int-now"),
+        pytest.param(call_parse, {"now": True}, TypeError, "now", id="bool-now"),
+        pytest.param(call_parse, {"headers": 42}, TypeError, "headers", id="int-headers"),
+        pytest.param(call_parse, {"headers": "Retry-After: 5"}, TypeError, "headers", id="str"),
+        pytest.param(call_parse, {"headers": [("a",)]}, TypeError, "pairs", id="not-pairs"),
+        pytest.param(call_parse, {"headers": [(1, "5")]}, TypeError, "names", id="int-name"),
+        pytest.param(
+            call_parse, {"headers": {"Retry-After": 5}}, TypeError, "Retry-After", id="int-value"
+        ),
+        pytest.param(
+            call_parse, {"headers": {"Retry-After": [5]}}, TypeError, "Retry-After", id="int-item"
+        ),
+        pytest.param(call_parse_retry_after, {"value": 5}, TypeError, "value", id="int-retry"),
+        pytest.param(call_parse_retry_after, {"date": 5}, TypeError, "date", id="int-date"),
+        pytest.param(
+            call_parse_retry_after, {"max_delay": 0}, ValueError, "max_delay", id="retry-max"
+        ),
+    ],
+)
+def test_programmer_errors_raise(
+    call: Callable[..., object], args: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        call(**args)
+
+
+# --- properties ------------------------------------------------------------------
+
+HEADER_NAMES = st.sampled_from(
+    [
+        "Retry-After",
+        "retry-after",
+        "Date",
+        "RateLimit",
+        "RateLimit-Policy",
+        "RateLimit-Limit",
+        "RateLimit-Remaining",
+        "RateLimit-Reset",
+        "X-RateLimit-Limit",
+        "X-RateLimit-Remaining",
+        "X-RateLimit-Reset",
+        "X-RateLimit-Reset-After",
+        "X-Rate-Limit-Reset",
+        "Content-Type",
+    ]
+)
+FRAGMENTS = st.sampled_from(
+    [
+        '"default"',
+        "daily",
+        ";r=",
+        ";t=",
+        ";q=",
+        ";w=",
+        ";pk=",
+        ":cHJv:",
+        ",",
+        " ",
+        "-",
+        "0",
+        "1",
+        "9",
+        ".5",
+        "1700000000",
+        "1700000000000",
+        "99999999999999999999",
+        "1e400",
+        "nan",
+        "=",
+        "limit=",
+        "remaining=",
+        "reset=",
+        http_date(30),
+        "Sunday, 06-Nov-94 08:49:37 GMT",
+        "Sun Nov  6 08:49:37 1994",
+        "?1",
+        "(",
+        ")",
+        '"',
+        "\\",
+        "@1700000000",
+        '%"%ff"',
+        "\u00e9",
+        "\x00",
+    ]
+)
+HEADER_VALUES = st.one_of(
+    st.text(max_size=40),
+    st.binary(max_size=40),
+    st.lists(FRAGMENTS, max_size=14).map("".join),
+    st.lists(FRAGMENTS, max_size=14).map(lambda parts: "".join(parts).encode("utf-8")),
+)
+MAX_DELAYS = st.floats(min_value=0.0, exclude_min=True, allow_infinity=False)
+TIMES = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@settings(deadline=None)
+@given(
+    pairs=st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=10),
+    now=TIMES,
+    max_delay=MAX_DELAYS,
+)
+def test_parse_never_raises_and_bounds_delays(
+    pairs: list[tuple[str, str | bytes]], now: float, max_delay: float
+) -> None:
+    info = parse(pairs, now=now, max_delay=max_delay)
+    for delay in (info.retry_after, info.reset, info.wait(), info.pace()):
+        assert delay is None or 0.0 <= delay <= max_delay
+    assert info.remaining is None or 0.0 <= info.remaining < math.inf
+    assert info.limit is None or 0.0 < info.limit < math.inf
+    assert info.window is None or 0.0 < info.window < math.inf
+
+
+@settings(deadline=None)
+@given(
+    value=st.one_of(HEADER_VALUES, st.text(), st.binary()),
+    date=st.one_of(st.none(), HEADER_VALUES),
+    now=TIMES,
+    max_delay=MAX_DELAYS,
+)
+def test_parse_retry_after_never_raises(
+    value: str | bytes, date: str | bytes | None, now: float, max_delay: float
+) -> None:
+    delay = parse_retry_after(value, now=now, date=date, max_delay=max_delay)
+    assert delay is None or 0.0 <= delay <= max_delay
