@@ -13,6 +13,8 @@ Quick start::
 
 from __future__ import annotations
 
+from ._autothrottle import AutoThrottle
+from ._backoff import Backoff
 from ._controller import Controller, Feedback
 from ._errors import (
     BackendUnavailable,
@@ -23,9 +25,12 @@ from ._errors import (
 )
 from ._limiter import Limiter, Permit
 from ._policy import ScopePolicy
+from ._rampup import Rampup
 from ._stats import LimiterStatistics, ScopeStatistics
 
 __all__ = [
+    "AutoThrottle",
+    "Backoff",
     "BackendUnavailable",
     "Controller",
     "Feedback",
@@ -33,6 +38,7 @@ __all__ = [
     "LimiterStatistics",
     "Overloaded",
     "Permit",
+    "Rampup",
     "ScopePolicy",
     "ScopeStatistics",
     "ThrottleTimeout",

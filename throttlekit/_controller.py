@@ -27,6 +27,7 @@ class Feedback:
     :param rate_limit: the parsed rate-limit headers (:func:`throttlekit.headers.parse`).
     :param adjust_delay: ``False`` when the request asked latency-driven
         controllers not to learn from it (``autothrottle_dont_adjust_delay``).
+    :param sent_at: when the request was sent (the grant time, limiter clock).
     """
 
     status: int | None = None
@@ -36,6 +37,7 @@ class Feedback:
     size: int | None = None
     rate_limit: RateLimitInfo | None = None
     adjust_delay: bool = True
+    sent_at: float | None = None
 
 
 @runtime_checkable
@@ -64,8 +66,12 @@ class Controller(Protocol):
         """No send before this time (``-inf`` = not blocked)."""
         ...
 
-    def on_send(self, now: float) -> None:
-        """A request of this scope was sent at ``now``."""
+    def on_send(self, now: float) -> bool | None:
+        """A request of this scope was sent at ``now``.
+
+        Return ``True`` if the controller's limits changed (the ledger then
+        recomputes the effective limits); ``None``/``False`` otherwise.
+        """
 
     def on_feedback(self, feedback: Feedback, now: float) -> None:
         """A response or failure of this scope arrived at ``now``."""

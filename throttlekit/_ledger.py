@@ -8,16 +8,37 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING
 
+import attrs
+
+from ._backoff import Backoff
 from ._policy import ScopePolicy
+
+_DEFAULT_BACKOFF = Backoff()
 
 if TYPE_CHECKING:
     from ._controller import Controller
     from ._scheduler import Ticket
 
-__all__ = ["QuotaEntry", "ScopeLedger"]
+__all__ = ["QuotaEntry", "ScopeLedger", "build_controllers"]
 
 INF = math.inf
 _EPSILON = 1e-9
+
+
+def build_controllers(ledger: ScopeLedger, policy: ScopePolicy) -> tuple[Controller, ...]:
+    """The controllers a policy asks for, in order: rampup, backoff, AutoThrottle, custom."""
+    controllers: list[Controller] = []
+    backoff = policy.backoff
+    if policy.rampup is not None:
+        controllers.append(policy.rampup.controller(ledger, backoff or _DEFAULT_BACKOFF))
+        if backoff is not None:
+            backoff = attrs.evolve(backoff, headers_only=True)
+    if backoff is not None:
+        controllers.append(backoff.controller(ledger))
+    if policy.autothrottle is not None:
+        controllers.append(policy.autothrottle.controller(ledger))
+    controllers.extend(factory(policy) for factory in policy.controllers)
+    return tuple(controllers)
 
 
 class QuotaEntry:
@@ -52,6 +73,7 @@ class ScopeLedger:
         "idle",
         "idle_since",
         "in_flight",
+        "jitter",
         "last_send",
         "name",
         "next_send_at",
@@ -82,8 +104,9 @@ class ScopeLedger:
         self.dirty = False
         self.idle = False
         self.idle_since = -INF
-        self.controllers: tuple[Controller, ...] = tuple(f(policy) for f in policy.controllers)
+        self.controllers = build_controllers(self, policy)
         self.delay = policy.delay
+        self.jitter = policy.jitter
         self.concurrency = policy.concurrency
         self.blocked_until = -INF
         if self.controllers:
@@ -97,20 +120,63 @@ class ScopeLedger:
         )
 
     def refresh(self) -> None:
-        """Recompute the effective limits from the policy and the controllers."""
+        """Recompute the effective limits from the policy and the controllers.
+
+        A controller with ``replaces_policy`` (rampup) sets the base delay and
+        concurrency instead of the policy; then the effective delay is the
+        largest any controller asks for, the concurrency the smallest, and
+        the scope is blocked until the latest ``blocked_until``.
+        """
         policy = self.policy
         delay = policy.delay
         concurrency = policy.concurrency
         blocked = -INF
-        for controller in self.controllers:
-            delay = max(delay, controller.delay)
+        jitter = policy.jitter
+        controllers = self.controllers
+        for controller in controllers:
+            if getattr(controller, "replaces_policy", False):
+                delay = controller.delay
+                concurrency = controller.concurrency
+        for controller in controllers:
+            override = getattr(controller, "jitter", None)
+            if override is not None:
+                jitter = override
+            if controller.delay > delay:
+                delay = controller.delay
             limit = controller.concurrency
             if limit is not None:
                 concurrency = limit if concurrency is None else min(concurrency, limit)
-            blocked = max(blocked, controller.blocked_until)
+            if controller.blocked_until > blocked:
+                blocked = controller.blocked_until
         self.delay = delay
+        self.jitter = jitter
         self.concurrency = None if concurrency is None else max(1, concurrency)
         self.blocked_until = blocked
+
+    def set_policy(self, policy: ScopePolicy) -> None:
+        """Switch to ``policy``; controllers are rebuilt only if their configuration changed."""
+        old = self.policy
+        self.policy = policy
+        if (old.backoff, old.autothrottle, old.rampup, old.controllers) != (
+            policy.backoff,
+            policy.autothrottle,
+            policy.rampup,
+            policy.controllers,
+        ):
+            self.controllers = build_controllers(self, policy)
+        self.refresh()
+
+    def reason(self, now: float) -> str:
+        """Why the scope's effective delay (or block) is what it is, in words."""
+        if self.blocked_until > now:
+            return f"blocked by the server for {self.blocked_until - now:.3g} s more"
+        best = ""
+        for controller in self.controllers:
+            if controller.delay >= self.delay and controller.delay > 0:
+                best = getattr(controller, "reason", "") or type(controller).__name__
+        if best:
+            return best
+        return "policy" if self.delay else "policy (no delay)"
 
     # -- admission -----------------------------------------------------------------
 
@@ -172,7 +238,7 @@ class ScopeLedger:
         self.last_send = now
         delay = self.delay
         if delay > 0.0:
-            low, high = self.policy.jitter
+            low, high = self.jitter
             if low != high:
                 delay *= 1.0 + rng.uniform(low, high)
             elif low:
@@ -187,8 +253,12 @@ class ScopeLedger:
             and len(slots) >= self.concurrency - (self.in_flight - 1)
         ):
             heapq.heappop(slots)
+        changed = False
         for controller in self.controllers:
-            controller.on_send(now)
+            if controller.on_send(now):
+                changed = True
+        if changed:
+            self.refresh()
         if self.policy.quota is None:
             return None
         entry = QuotaEntry(now, cost)

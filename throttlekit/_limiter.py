@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import attrs
 
 from . import scopes as _scopes
 from ._controller import Feedback
@@ -220,6 +221,7 @@ class Limiter:
     :param max_idle: seconds an idle scope (nothing in flight or waiting) keeps
         its learned state before it may be evicted.
     :param seed: seed for the jitter's random numbers (for reproducible runs).
+    :param robotstxt_max_delay: the cap on robots.txt Crawl-Delay (seconds).
     :param backend: a shared state backend (e.g.
         :class:`throttlekit.backends.redis.RedisBackend`) that decides grants
         instead of the in-memory ledgers, so several processes share one budget.
@@ -249,6 +251,7 @@ class Limiter:
         max_idle: float = 3600.0,
         seed: int | None = None,
         backend: Backend | None = None,
+        robotstxt_max_delay: float = 60.0,
     ) -> None:
         scopes = dict(scopes or {})
         for name, policy in scopes.items():
@@ -271,6 +274,17 @@ class Limiter:
             raise ValueError(f"max_idle must be a number of seconds > 0, got {max_idle!r}")
         if not callable(resolver):
             raise TypeError(f"resolver must be callable, got {resolver!r}")
+        if (
+            isinstance(robotstxt_max_delay, bool)
+            or not isinstance(robotstxt_max_delay, (int, float))
+            or not (robotstxt_max_delay >= 0)
+        ):
+            raise ValueError(
+                f"robotstxt_max_delay must be a number of seconds >= 0, got {robotstxt_max_delay!r}"
+            )
+        self.robotstxt_max_delay = float(robotstxt_max_delay)
+        self._crawl_delays: dict[str, float] = {}
+        self._crawl_warned: set[str] = set()
         self.resolver = resolver
         self.max_waiters = max_waiters
         self._backend = backend
@@ -297,20 +311,34 @@ class Limiter:
     def from_settings(cls, settings: Mapping[str, Any], **kwargs: Any) -> Limiter:
         """Build a limiter from Scrapy-style settings (any mapping, or Scrapy's ``Settings``).
 
-        Reads ``CONCURRENT_REQUESTS`` (global cap, default 16; 0 = unlimited),
-        ``CONCURRENT_REQUESTS_PER_DOMAIN`` (default 1), ``DOWNLOAD_DELAY`` (1.0),
-        ``DOWNLOAD_DELAY_PER_SLOT`` (1.0), ``RANDOMIZE_DOWNLOAD_DELAY`` (True =
-        jitter 0.5; a number or a ``[low, high]`` pair), ``THROTTLING_WINDOW``
-        (60.0) and ``THROTTLING_SCOPES`` (``{scope: {"concurrency": ..., "delay":
-        ..., "jitter": ..., "quota": ..., "window": ...}}``, each key overriding
-        the defaults above). Other keyword arguments go to the constructor.
-        Invalid values raise :class:`ValueError`/:class:`TypeError` naming the setting.
-        """
-        from ._settings import policies_from_settings
+        Throttling: ``CONCURRENT_REQUESTS`` (the global cap, default 16; 0 =
+        unlimited), ``CONCURRENT_REQUESTS_PER_DOMAIN`` (1), ``DOWNLOAD_DELAY``
+        (1.0), ``DOWNLOAD_DELAY_PER_SLOT`` (1.0), ``RANDOMIZE_DOWNLOAD_DELAY``
+        (True = jitter 0.5; a number or a ``[low, high]`` pair),
+        ``THROTTLING_WINDOW`` (60.0), ``THROTTLING_ROBOTSTXT_MAX_DELAY`` (60.0).
 
-        default, policies, concurrency = policies_from_settings(settings)
-        kwargs.setdefault("concurrency", concurrency)
-        return cls(scopes=policies, default=default, **kwargs)
+        Controllers: ``BACKOFF_HTTP_CODES``, ``BACKOFF_EXCEPTIONS``,
+        ``BACKOFF_DELAY_FACTOR`` (2.0), ``BACKOFF_MIN_DELAY`` (1.0),
+        ``BACKOFF_MAX_DELAY`` (300.0), ``BACKOFF_JITTER`` (0.1),
+        ``BACKOFF_WINDOW`` (60.0), ``BACKOFF_CONCURRENCY_FACTOR`` (0.5);
+        ``AUTOTHROTTLE_ENABLED`` (False), ``AUTOTHROTTLE_START_DELAY`` (5.0),
+        ``AUTOTHROTTLE_MAX_DELAY`` (60.0), ``AUTOTHROTTLE_TARGET_CONCURRENCY``
+        (1.0, must be > 0), ``AUTOTHROTTLE_DEBUG`` (False);
+        ``RAMPUP_BACKOFF_TARGET`` (1, or a ``[low, high]`` range).
+
+        ``THROTTLING_SCOPES`` maps a scope to a dict overriding the defaults:
+        ``concurrency``, ``delay``, ``slot_delay``, ``jitter``, ``quota``,
+        ``window``, ``ignore_robots_txt``, and ``backoff`` / ``rampup`` /
+        ``autothrottle`` (``True``, ``False`` or a dict of their fields), and
+        ``manager`` (the import path of a controller factory). Other keyword
+        arguments go to the constructor. Invalid values raise
+        :class:`ValueError`/:class:`TypeError` naming the setting.
+        """
+        from ._settings import limiter_options
+
+        options = limiter_options(settings)
+        options.update(kwargs)
+        return cls(**options)
 
     # -- public API ----------------------------------------------------------------
 
@@ -390,8 +418,49 @@ class Limiter:
         permit._ticket = ticket
         return permit
 
-    def set_crawl_delay(self, scope: str, seconds: float) -> None:  # pragma: no cover - issue 3
-        raise NotImplementedError
+    def set_crawl_delay(self, scope: str, seconds: float) -> None:
+        """Apply a robots.txt ``Crawl-Delay`` to ``scope``.
+
+        The scope gets concurrency 1 and a delay of ``seconds``, capped at
+        ``robotstxt_max_delay``. If the scope has an explicit policy (from
+        ``scopes=``/``THROTTLING_SCOPES``) that differs, that policy is kept
+        and a warning is logged once, unless the policy has
+        ``ignore_robots_txt=True``. Negative, NaN or infinite values (a
+        broken robots.txt) are ignored with a warning.
+        """
+        if not isinstance(scope, str):
+            raise TypeError(f"scope must be a str, got {scope!r}")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError(f"seconds must be a number, got {seconds!r}")
+        if not math.isfinite(seconds) or seconds < 0:
+            logger.warning("ignoring invalid Crawl-Delay %r for scope %s", seconds, scope)
+            return
+        delay = min(float(seconds), self.robotstxt_max_delay)
+        explicit = self._core.policies.get(scope)
+        if explicit is not None and scope not in self._crawl_delays:
+            differs = explicit.concurrency != 1 or explicit.delay != delay
+            if differs and not explicit.ignore_robots_txt and scope not in self._crawl_warned:
+                self._crawl_warned.add(scope)
+                logger.warning(
+                    "robots.txt asks for Crawl-Delay %s s on %s, but its configured policy "
+                    "(concurrency %s, delay %s s) is kept; set ignore_robots_txt=True to "
+                    "silence this warning",
+                    delay,
+                    scope,
+                    explicit.concurrency,
+                    explicit.delay,
+                )
+            return
+        self._crawl_delays[scope] = delay
+        policy = attrs.evolve(self._core.default, concurrency=1, delay=delay)
+        logger.debug("scope %s: Crawl-Delay %s s from robots.txt", scope, delay)
+        self._core.set_policy(scope, policy)
+        self._kick_if_running()
+
+    @property
+    def crawl_delays(self) -> Mapping[str, float]:
+        """The robots.txt Crawl-Delays applied so far, by scope."""
+        return dict(self._crawl_delays)
 
     def statistics(self) -> LimiterStatistics:
         """A frozen snapshot of the limiter and every scope it currently tracks."""
@@ -404,7 +473,7 @@ class Limiter:
         for ledger in core.iter_scopes():
             if ledger.policy.quota is not None:
                 ledger._expire(now)
-            scopes[ledger.name] = ScopeStatistics.from_ledger(ledger)
+            scopes[ledger.name] = ScopeStatistics.from_ledger(ledger, now)
         return LimiterStatistics(
             in_flight=core.gate.in_flight,
             waiting=core.waiting,
@@ -513,6 +582,7 @@ class Limiter:
             self._kick(now)
 
     def _make_feedback(self, granted_at: float, **fields: Any) -> Feedback:
+        fields["sent_at"] = granted_at
         if fields["latency"] is None:
             fields["latency"] = max(0.0, anyio.current_time() - granted_at)
         if fields["headers"]:

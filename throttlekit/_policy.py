@@ -2,77 +2,20 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
+
+from ._autothrottle import AutoThrottle
+from ._backoff import Backoff
+from ._checks import concurrency_limit, non_negative, normalize_jitter, optional_positive, positive
+from ._rampup import Rampup
 
 if TYPE_CHECKING:
     from ._controller import Controller
 
 __all__ = ["ScopePolicy"]
-
-
-def _check_number(name: str, value: object, *, minimum: float, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number) or number < minimum or (strict and number == minimum):
-        bound = f"> {minimum}" if strict else f">= {minimum}"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return number
-
-
-def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    _check_number(attribute.name, value, minimum=0.0)
-
-
-def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    _check_number(attribute.name, value, minimum=0.0, strict=True)
-
-
-def _optional_positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        _check_number(attribute.name, value, minimum=0.0, strict=True)
-
-
-def _concurrency(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{attribute.name} must be an int >= 1 or None, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be >= 1 or None (unlimited), got {value!r}")
-
-
-def normalize_jitter(value: object, *, name: str = "jitter") -> tuple[float, float]:
-    """Turn a jitter setting into ``(low, high)`` offsets of the delay factor.
-
-    ``0.5`` means the delay is multiplied by a factor drawn uniformly from
-    ``[0.5, 1.5]``; a pair ``(-0.1, 0.3)`` means ``[0.9, 1.3]``; ``True`` means
-    ``0.5`` and ``False``/``None`` mean no jitter (Scrapy's
-    ``RANDOMIZE_DOWNLOAD_DELAY`` convention).
-    """
-    if value is None or value is False:
-        return (0.0, 0.0)
-    if value is True:
-        return (-0.5, 0.5)
-    if isinstance(value, (int, float)):
-        factor = _check_number(name, value, minimum=0.0)
-        if factor >= 1.0:
-            raise ValueError(f"{name} must be in [0, 1) (a fraction of the delay), got {value!r}")
-        return (-factor, factor)
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and len(value) == 2:
-        low, high = value
-        if isinstance(low, bool) or isinstance(high, bool):
-            raise TypeError(f"{name} pair must hold numbers, got {value!r}")
-        low = _check_number(name, low, minimum=-math.inf) if low is not None else 0.0
-        high = _check_number(name, high, minimum=-math.inf) if high is not None else 0.0
-        if not -1.0 < low <= high:
-            raise ValueError(f"{name} pair (low, high) needs -1 < low <= high, got {value!r}")
-        return (low, high)
-    raise TypeError(f"{name} must be a number, a (low, high) pair, True or False, got {value!r}")
 
 
 ControllerFactory = Callable[["ScopePolicy"], "Controller"]
@@ -100,6 +43,13 @@ class ScopePolicy:
     :param quota: units of cost the scope may consume in any ``window``;
         ``None`` means no quota. Each request declares its cost (default 1.0).
     :param window: length of the quota window in seconds.
+    :param backoff: error-driven slowdown (429/5xx/timeouts, ``Retry-After``,
+        ``RateLimit`` headers); on by default. ``None`` turns it off entirely.
+    :param autothrottle: latency-driven delay (Scrapy's AutoThrottle); off by default.
+    :param rampup: probe for more throughput until the server pushes back
+        (pay-per-request APIs); off by default.
+    :param ignore_robots_txt: keep this explicit policy silently when robots.txt
+        gives a different ``Crawl-Delay`` (otherwise a warning is logged once).
     :param controllers: factories called once per scope with this policy to
         make custom :class:`Controller` objects (feedback loops that move the
         effective delay, concurrency or blocked-until of the scope).
@@ -110,12 +60,25 @@ class ScopePolicy:
         slower = attrs.evolve(api, delay=1.0)
     """
 
-    concurrency: int | None = attrs.field(default=1, validator=_concurrency)
-    delay: float = attrs.field(default=1.0, validator=_non_negative)
-    slot_delay: float = attrs.field(default=1.0, validator=_non_negative)
+    concurrency: int | None = attrs.field(default=1, validator=concurrency_limit)
+    delay: float = attrs.field(default=1.0, validator=non_negative)
+    slot_delay: float = attrs.field(default=1.0, validator=non_negative)
     jitter: tuple[float, float] = attrs.field(default=(0.0, 0.0), converter=normalize_jitter)
-    quota: float | None = attrs.field(default=None, validator=_optional_positive)
-    window: float = attrs.field(default=60.0, validator=_positive)
+    quota: float | None = attrs.field(default=None, validator=optional_positive)
+    window: float = attrs.field(default=60.0, validator=positive)
+    backoff: Backoff | None = attrs.field(
+        factory=Backoff, validator=attrs.validators.optional(attrs.validators.instance_of(Backoff))
+    )
+    autothrottle: AutoThrottle | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(AutoThrottle)),
+    )
+    rampup: Rampup | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Rampup))
+    )
+    ignore_robots_txt: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
     controllers: tuple[ControllerFactory, ...] = attrs.field(
         default=(),
         converter=tuple,

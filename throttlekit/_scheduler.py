@@ -172,8 +172,7 @@ class Scheduler:
         self.policies[name] = policy
         ledger = self.scopes.get(name)
         if ledger is not None:
-            ledger.policy = policy
-            ledger.refresh()
+            ledger.set_policy(policy)
             self._mark(ledger)
 
     def _evict(self, now: float, keep: tuple[ScopeLedger, ...]) -> None:

@@ -1,17 +1,21 @@
-"""Scrapy-style settings → a configured :class:`Limiter`."""
+"""Scrapy-style settings → the configuration of a :class:`Limiter`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import importlib
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
+from ._autothrottle import AutoThrottle
+from ._backoff import DEFAULT_BACKOFF_EXCEPTIONS, DEFAULT_BACKOFF_HTTP_CODES, Backoff
 from ._policy import ScopePolicy
+from ._rampup import Rampup
 
-__all__ = ["DEFAULT_SETTINGS", "policies_from_settings", "read_bool", "read_float"]
+__all__ = ["DEFAULT_SETTINGS", "limiter_options", "read_bool", "read_float", "read_int"]
 
-#: The defaults of every setting :meth:`Limiter.from_settings` reads.
+#: Every setting :meth:`Limiter.from_settings` reads, with its default.
 DEFAULT_SETTINGS: dict[str, Any] = {
     "CONCURRENT_REQUESTS": 16,
     "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
@@ -20,9 +24,24 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "RANDOMIZE_DOWNLOAD_DELAY": True,
     "THROTTLING_WINDOW": 60.0,
     "THROTTLING_SCOPES": {},
+    "THROTTLING_ROBOTSTXT_MAX_DELAY": 60.0,
+    "BACKOFF_HTTP_CODES": sorted(DEFAULT_BACKOFF_HTTP_CODES),
+    "BACKOFF_EXCEPTIONS": list(DEFAULT_BACKOFF_EXCEPTIONS),
+    "BACKOFF_DELAY_FACTOR": 2.0,
+    "BACKOFF_MIN_DELAY": 1.0,
+    "BACKOFF_MAX_DELAY": 300.0,
+    "BACKOFF_JITTER": 0.1,
+    "BACKOFF_WINDOW": 60.0,
+    "BACKOFF_CONCURRENCY_FACTOR": 0.5,
+    "RAMPUP_BACKOFF_TARGET": 1,
+    "AUTOTHROTTLE_ENABLED": False,
+    "AUTOTHROTTLE_START_DELAY": 5.0,
+    "AUTOTHROTTLE_MAX_DELAY": 60.0,
+    "AUTOTHROTTLE_TARGET_CONCURRENCY": 1.0,
+    "AUTOTHROTTLE_DEBUG": False,
 }
 
-_SCOPE_KEYS = {
+_POLICY_KEYS = {
     "concurrency": "concurrency",
     "delay": "delay",
     "slot_delay": "slot_delay",
@@ -30,11 +49,21 @@ _SCOPE_KEYS = {
     "jitter": "jitter",
     "quota": "quota",
     "window": "window",
+    "ignore_robots_txt": "ignore_robots_txt",
 }
-
-#: Extra per-scope keys of ``THROTTLING_SCOPES``, each turning a value into
-#: ``ScopePolicy`` fields (filled in by the controllers).
-SCOPE_KEY_HANDLERS: dict[str, Callable[[Any, Mapping[str, Any], str], dict[str, Any]]] = {}
+_CONTROLLER_KEYS = ("backoff", "rampup", "autothrottle", "manager", "controllers")
+_BACKOFF_KEYS = (
+    "http_codes",
+    "exceptions",
+    "delay_factor",
+    "min_delay",
+    "max_delay",
+    "jitter",
+    "window",
+    "concurrency_factor",
+)
+_AUTOTHROTTLE_KEYS = ("start_delay", "max_delay", "target_concurrency", "debug")
+_RAMPUP_KEYS = ("target", "window", "min_delay", "max_concurrency", "concurrency_factor")
 
 
 def _get(settings: Mapping[str, Any], name: str) -> Any:
@@ -48,10 +77,12 @@ def read_bool(value: Any, name: str) -> bool:
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in {"true", "1", "yes", "on"}:
-        return True
-    if isinstance(value, str) and value.strip().lower() in {"false", "0", "no", "off", ""}:
-        return False
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in {"true", "1", "yes", "on"}:
+            return True
+        if text in {"false", "0", "no", "off", ""}:
+            return False
     raise ValueError(f"{name} must be a boolean, got {value!r}")
 
 
@@ -66,11 +97,19 @@ def read_float(value: Any, name: str) -> float:
 
 
 def read_int(value: Any, name: str) -> int:
-    """A setting as an int (ints or integral strings/floats)."""
+    """A setting as an int (ints, or integral floats and strings)."""
     number = read_float(value, name)
     if number != int(number):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     return int(number)
+
+
+def _read_list(value: Any, name: str) -> list[Any]:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    raise TypeError(f"{name} must be a list, got {value!r}")
 
 
 def _jitter(value: Any, name: str) -> Any:
@@ -84,10 +123,133 @@ def _jitter(value: Any, name: str) -> Any:
     return value
 
 
-def policies_from_settings(
-    settings: Mapping[str, Any],
-) -> tuple[ScopePolicy, dict[str, ScopePolicy], int | None]:
-    """The default policy, the per-scope policies and the global cap from settings."""
+def _rampup_target(value: Any, name: str) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(read_int(item, name) for item in value)
+    return read_int(value, name)
+
+
+def _import(path: Any, name: str) -> Any:
+    if not isinstance(path, str):
+        if callable(path):
+            return path
+        raise TypeError(f"{name} must be an import path or a callable, got {path!r}")
+    module, _, attribute = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"{name}: cannot import {path!r}: {exc}") from None
+
+
+def _convert(options: Mapping[str, Any], keys: tuple[str, ...], name: str) -> dict[str, Any]:
+    """Type-convert the options of a nested dict (backoff/rampup/autothrottle)."""
+    result: dict[str, Any] = {}
+    for key, value in options.items():
+        where = f"{name}[{key!r}]"
+        if key not in keys:
+            raise ValueError(f"{name} has unknown key {key!r}; known keys: {', '.join(keys)}")
+        if key == "http_codes":
+            value = frozenset(read_int(code, where) for code in _read_list(value, where))
+        elif key == "exceptions":
+            value = tuple(_read_list(value, where))
+        elif key == "jitter":
+            value = _jitter(value, where)
+        elif key == "target":
+            value = _rampup_target(value, where)
+        elif key == "debug":
+            value = read_bool(value, where)
+        elif key == "max_concurrency":
+            value = read_int(value, where)
+        else:
+            value = read_float(value, where)
+        result[key] = value
+    return result
+
+
+def _built(factory: Any, options: dict[str, Any], name: str) -> Any:
+    try:
+        return factory(**options)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{name}: {exc}") from None
+
+
+def _default_backoff(settings: Mapping[str, Any]) -> Backoff:
+    options = {
+        "http_codes": _get(settings, "BACKOFF_HTTP_CODES"),
+        "exceptions": _get(settings, "BACKOFF_EXCEPTIONS"),
+        "delay_factor": _get(settings, "BACKOFF_DELAY_FACTOR"),
+        "min_delay": _get(settings, "BACKOFF_MIN_DELAY"),
+        "max_delay": _get(settings, "BACKOFF_MAX_DELAY"),
+        "jitter": _get(settings, "BACKOFF_JITTER"),
+        "window": _get(settings, "BACKOFF_WINDOW"),
+        "concurrency_factor": _get(settings, "BACKOFF_CONCURRENCY_FACTOR"),
+    }
+    backoff: Backoff = _built(
+        Backoff, _convert(options, _BACKOFF_KEYS, "BACKOFF_*"), "BACKOFF_* settings"
+    )
+    return backoff
+
+
+def _default_autothrottle(settings: Mapping[str, Any]) -> AutoThrottle:
+    options = {
+        "start_delay": _get(settings, "AUTOTHROTTLE_START_DELAY"),
+        "max_delay": _get(settings, "AUTOTHROTTLE_MAX_DELAY"),
+        "target_concurrency": _get(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY"),
+        "debug": _get(settings, "AUTOTHROTTLE_DEBUG"),
+    }
+    converted = _convert(options, _AUTOTHROTTLE_KEYS, "AUTOTHROTTLE_*")
+    if converted["target_concurrency"] <= 0:
+        raise ValueError(
+            "AUTOTHROTTLE_TARGET_CONCURRENCY must be higher than 0.0, got "
+            f"{converted['target_concurrency']!r}"
+        )
+    autothrottle: AutoThrottle = _built(AutoThrottle, converted, "AUTOTHROTTLE_* settings")
+    return autothrottle
+
+
+def _controller_option(
+    key: str,
+    value: Any,
+    where: str,
+    defaults: dict[str, Any],
+) -> dict[str, Any]:
+    """The ScopePolicy fields for one controller key of a THROTTLING_SCOPES entry."""
+    if key in ("manager", "controllers"):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        return {"controllers": tuple(_import(item, where) for item in items)}
+    base = defaults[key]
+    if value is None or value is False:
+        return {key: None}
+    if value is True:
+        return {key: base}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where} must be True, False or a dict, got {value!r}")
+    keys = {"backoff": _BACKOFF_KEYS, "rampup": _RAMPUP_KEYS, "autothrottle": _AUTOTHROTTLE_KEYS}
+    changes = _convert(value, keys[key], where)
+    try:
+        return {key: attrs.evolve(base, **changes)}
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`Limiter` keyword arguments that ``settings`` describe.
+
+    ``settings`` is any mapping (or Scrapy's ``Settings``); missing names take
+    the defaults in :data:`DEFAULT_SETTINGS`. Invalid values raise
+    :class:`ValueError`/:class:`TypeError` naming the setting.
+    """
+    backoff = _default_backoff(settings)
+    autothrottle = None
+    if read_bool(_get(settings, "AUTOTHROTTLE_ENABLED"), "AUTOTHROTTLE_ENABLED"):
+        autothrottle = _default_autothrottle(settings)
+    target = _rampup_target(_get(settings, "RAMPUP_BACKOFF_TARGET"), "RAMPUP_BACKOFF_TARGET")
+    rampup = _built(Rampup, {"target": target}, "RAMPUP_BACKOFF_TARGET")
+    defaults = {
+        "backoff": backoff,
+        "rampup": rampup,
+        "autothrottle": autothrottle or _default_autothrottle(settings),
+    }
     try:
         default = ScopePolicy(
             concurrency=read_int(
@@ -99,20 +261,15 @@ def policies_from_settings(
             ),
             jitter=_jitter(_get(settings, "RANDOMIZE_DOWNLOAD_DELAY"), "RANDOMIZE_DOWNLOAD_DELAY"),
             window=read_float(_get(settings, "THROTTLING_WINDOW"), "THROTTLING_WINDOW"),
+            backoff=backoff,
+            autothrottle=autothrottle,
         )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"invalid throttling settings: {exc}") from None
-    for handler_key, handler in SCOPE_KEY_HANDLERS.items():
-        default = attrs.evolve(default, **handler(None, settings, handler_key))
-    global_cap = _get(settings, "CONCURRENT_REQUESTS")
-    concurrency = None if global_cap is None else read_int(global_cap, "CONCURRENT_REQUESTS")
-    if concurrency is not None and concurrency <= 0:
-        concurrency = None
+    cap = read_int(_get(settings, "CONCURRENT_REQUESTS"), "CONCURRENT_REQUESTS")
     scopes_setting = _get(settings, "THROTTLING_SCOPES") or {}
     if not isinstance(scopes_setting, Mapping):
-        raise TypeError(
-            f"THROTTLING_SCOPES must be a mapping of scope → dict, got {scopes_setting!r}"
-        )
+        raise TypeError(f"THROTTLING_SCOPES must be a dict of scope → dict, got {scopes_setting!r}")
     policies: dict[str, ScopePolicy] = {}
     for scope, options in scopes_setting.items():
         where = f"THROTTLING_SCOPES[{scope!r}]"
@@ -120,22 +277,32 @@ def policies_from_settings(
             raise TypeError(f"{where} must be a dict of policy keys, got {options!r}")
         changes: dict[str, Any] = {}
         for key, value in options.items():
-            if key in SCOPE_KEY_HANDLERS:
-                changes.update(SCOPE_KEY_HANDLERS[key](value, settings, f"{where}[{key!r}]"))
+            name = f"{where}[{key!r}]"
+            if key in _CONTROLLER_KEYS:
+                changes.update(_controller_option(key, value, name, defaults))
                 continue
-            field = _SCOPE_KEYS.get(key)
+            field = _POLICY_KEYS.get(key)
             if field is None:
-                known = sorted({*_SCOPE_KEYS, *SCOPE_KEY_HANDLERS})
-                raise ValueError(f"{where} has unknown key {key!r}; known keys: {', '.join(known)}")
+                known = ", ".join(sorted({*_POLICY_KEYS, *_CONTROLLER_KEYS}))
+                raise ValueError(f"{where} has unknown key {key!r}; known keys: {known}")
             if field == "jitter":
-                value = _jitter(value, f"{where}[{key!r}]")
+                value = _jitter(value, name)
+            elif field == "ignore_robots_txt":
+                value = read_bool(value, name)
             elif field == "concurrency" and value is not None:
-                value = read_int(value, f"{where}[{key!r}]")
+                value = read_int(value, name)
             elif value is not None:
-                value = read_float(value, f"{where}[{key!r}]")
+                value = read_float(value, name)
             changes[field] = value
         try:
             policies[str(scope)] = attrs.evolve(default, **changes)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
-    return default, policies, concurrency
+    return {
+        "default": default,
+        "scopes": policies,
+        "concurrency": cap if cap > 0 else None,
+        "robotstxt_max_delay": read_float(
+            _get(settings, "THROTTLING_ROBOTSTXT_MAX_DELAY"), "THROTTLING_ROBOTSTXT_MAX_DELAY"
+        ),
+    }

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import attrs
+
+from ._backoff import BackoffState
 
 if TYPE_CHECKING:
     from ._ledger import ScopeLedger
@@ -26,6 +29,12 @@ class ScopeStatistics:
     :param quota_left: cost still available in the window (``None`` = no quota).
     :param blocked_until: no send before this time (``-inf`` = not blocked).
     :param next_send_at: the earliest next send allowed by the delay.
+    :param backoff_level: steps of backoff in force (0 = not backing off).
+    :param last_signal: the last backoff signal (a status like ``"429"`` or an
+        exception name), or ``None``.
+    :param last_signal_at: when it arrived (``-inf`` = never).
+    :param reason: why the delay is what it is, in words (``"policy"``,
+        ``"backoff level 2 after 429"``, ``"autothrottle: latency 350 ms"``...).
     """
 
     name: str
@@ -38,9 +47,19 @@ class ScopeStatistics:
     quota_left: float | None
     blocked_until: float
     next_send_at: float
+    backoff_level: int = 0
+    last_signal: str | None = None
+    last_signal_at: float = -math.inf
+    reason: str = "policy"
 
     @classmethod
-    def from_ledger(cls, ledger: ScopeLedger) -> ScopeStatistics:
+    def from_ledger(cls, ledger: ScopeLedger, now: float) -> ScopeStatistics:
+        """Snapshot ``ledger`` at ``now``."""
+        level, signal, signal_at = 0, None, -math.inf
+        for controller in ledger.controllers:
+            if isinstance(controller, BackoffState):
+                level = controller.level
+                signal, signal_at = controller.last_signal, controller.last_signal_at
         return cls(
             name=ledger.name,
             delay=ledger.delay,
@@ -52,6 +71,10 @@ class ScopeStatistics:
             quota_left=ledger.quota_left,
             blocked_until=ledger.blocked_until,
             next_send_at=ledger.next_send_at,
+            backoff_level=level,
+            last_signal=signal,
+            last_signal_at=signal_at,
+            reason=ledger.reason(now),
         )
 
 

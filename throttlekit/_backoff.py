@@ -1,0 +1,369 @@
+"""Backoff: slow a scope down when the server says it is overloaded."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._checks import check_number, non_negative, normalize_jitter, positive
+
+if TYPE_CHECKING:
+    from ._controller import Feedback
+    from ._ledger import ScopeLedger
+
+__all__ = ["DEFAULT_BACKOFF_EXCEPTIONS", "DEFAULT_BACKOFF_HTTP_CODES", "Backoff", "BackoffState"]
+
+logger = logging.getLogger("throttlekit.backoff")
+
+INF = math.inf
+
+#: HTTP statuses that mean "too fast" or "overloaded".
+DEFAULT_BACKOFF_HTTP_CODES: frozenset[int] = frozenset(
+    {429, 502, 503, 504, 520, 521, 522, 523, 524}
+)
+
+#: Exceptions that mean the server (or the path to it) is struggling: timeouts
+#: and dropped connections of the standard library, httpx, aiohttp and Twisted
+#: (Scrapy). Strings are import paths; ones that cannot be imported are skipped.
+DEFAULT_BACKOFF_EXCEPTIONS: tuple[str, ...] = (
+    "builtins.TimeoutError",
+    "builtins.ConnectionError",
+    "asyncio.TimeoutError",
+    "httpx.TimeoutException",
+    "httpx.NetworkError",
+    "httpx.RemoteProtocolError",
+    "aiohttp.ServerTimeoutError",
+    "aiohttp.ClientConnectionError",
+    "aiohttp.ClientPayloadError",
+    "twisted.internet.defer.TimeoutError",
+    "twisted.internet.error.TimeoutError",
+    "twisted.internet.error.TCPTimedOutError",
+    "twisted.internet.error.ConnectionRefusedError",
+    "twisted.internet.error.ConnectionLost",
+    "twisted.web.client.ResponseFailed",
+)
+
+_RESOLVED: dict[str, type[BaseException] | None] = {}
+
+
+def resolve_exception(spec: str | type[BaseException]) -> type[BaseException] | None:
+    """An exception class from a class or an import path; ``None`` if not importable."""
+    if isinstance(spec, type):
+        return spec
+    if spec in _RESOLVED:
+        return _RESOLVED[spec]
+    module_name, _, name = spec.rpartition(".")
+    found: type[BaseException] | None = None
+    try:
+        candidate = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        candidate = None
+    if isinstance(candidate, type) and issubclass(candidate, BaseException):
+        found = candidate
+    _RESOLVED[spec] = found
+    return found
+
+
+def _codes(value: Iterable[int]) -> frozenset[int]:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"http_codes must be a collection of ints, got {value!r}")
+    codes = set()
+    for code in value:
+        if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 999:
+            raise ValueError(f"http_codes must hold HTTP status codes (100-999), got {code!r}")
+        codes.add(code)
+    return frozenset(codes)
+
+
+def _exceptions(value: Iterable[Any]) -> tuple[str | type[BaseException], ...]:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"exceptions must be a collection of classes or paths, got {value!r}")
+    result: list[str | type[BaseException]] = []
+    for item in value:
+        is_path = isinstance(item, str) and "." in item
+        if is_path or (isinstance(item, type) and issubclass(item, BaseException)):
+            result.append(item)
+        else:
+            raise TypeError(
+                f"exceptions must hold exception classes or 'module.Class' paths, got {item!r}"
+            )
+    return tuple(result)
+
+
+def _above_one(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    check_number(attribute.name, value, minimum=1.0, strict=True)
+
+
+@attrs.frozen(kw_only=True)
+class Backoff:
+    """Error-driven slowdown of a scope (on by default in every :class:`ScopePolicy`).
+
+    A *backoff signal* is a response whose status is in ``http_codes`` or a
+    failure whose exception is an instance of one of ``exceptions``. Each
+    signal multiplies the scope's delay by ``delay_factor`` (starting from
+    the larger of the policy delay and ``min_delay``), clamped to
+    ``[min_delay, max_delay]``. Signals from requests that were already in
+    flight when the last step was taken count as that same step, so a burst
+    of 429s from parallel requests is one step, not ten.
+
+    When the delay is at ``max_delay`` and signals continue, the scope's
+    concurrency is multiplied by ``concurrency_factor`` (never below 1).
+
+    After ``window`` seconds without a signal, the scope takes one step back
+    toward its policy (concurrency first, then delay). Each step back goes
+    halfway toward the last delay that still drew a signal rather than
+    straight back to the policy, so the delay settles just above the rate
+    the server tolerates instead of ping-ponging between the two.
+
+    ``Retry-After`` and ``RateLimit`` reset values in any response (parsed by
+    :mod:`throttlekit.headers`) block the scope until that time, capped at
+    ``max_delay``; a low ``remaining`` paces the rest of the window.
+
+    :param http_codes: statuses that are signals. Default: 429, 502, 503, 504, 520-524.
+    :param exceptions: exception classes or import paths that are signals.
+        Default: timeouts and connection errors of the standard library,
+        httpx, aiohttp and Twisted (see :data:`DEFAULT_BACKOFF_EXCEPTIONS`).
+    :param delay_factor: multiplier per signal (> 1). Default 2.0.
+    :param min_delay: the delay of the first backoff step at least (seconds). Default 1.0.
+    :param max_delay: the delay cap, also the cap of any server-requested wait. Default 300.0.
+    :param jitter: randomization of delays while backing off; replaces the
+        policy's jitter then (0.1 = x0.9..x1.1; or a ``(low, high)`` pair). Default 0.1.
+    :param window: quiet seconds before each step back. Default 60.0.
+    :param concurrency_factor: concurrency multiplier when the delay is maxed
+        (0 < f < 1). Default 0.5.
+    :param headers_only: honour ``Retry-After``/``RateLimit`` headers but do not
+        step the delay (used when :class:`Rampup` drives the scope).
+
+    Usage::
+
+        ScopePolicy(backoff=Backoff(http_codes={429, 503}, max_delay=120.0))
+        ScopePolicy(backoff=None)  # no backoff at all, not even Retry-After
+    """
+
+    http_codes: frozenset[int] = attrs.field(default=DEFAULT_BACKOFF_HTTP_CODES, converter=_codes)
+    exceptions: tuple[str | type[BaseException], ...] = attrs.field(
+        default=DEFAULT_BACKOFF_EXCEPTIONS, converter=_exceptions
+    )
+    delay_factor: float = attrs.field(default=2.0, validator=_above_one)
+    min_delay: float = attrs.field(default=1.0, validator=non_negative)
+    max_delay: float = attrs.field(default=300.0, validator=positive)
+    jitter: tuple[float, float] = attrs.field(default=(-0.1, 0.1), converter=normalize_jitter)
+    window: float = attrs.field(default=60.0, validator=positive)
+    concurrency_factor: float = attrs.field(default=0.5, validator=positive)
+    headers_only: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_delay > self.max_delay:
+            raise ValueError(
+                f"min_delay ({self.min_delay!r}) must not exceed max_delay ({self.max_delay!r})"
+            )
+        if self.concurrency_factor >= 1.0:
+            raise ValueError(
+                f"concurrency_factor must be in (0, 1), got {self.concurrency_factor!r}"
+            )
+
+    def exception_classes(self) -> tuple[type[BaseException], ...]:
+        """The exception classes that are signals (import paths resolved, missing ones skipped)."""
+        classes = (resolve_exception(spec) for spec in self.exceptions)
+        return tuple(cls for cls in classes if cls is not None)
+
+    def is_signal(self, feedback: Feedback) -> bool:
+        """Whether ``feedback`` is a backoff signal."""
+        if feedback.status is not None and feedback.status in self.http_codes:
+            return True
+        exception = feedback.exception
+        return exception is not None and isinstance(exception, self.exception_classes())
+
+    def controller(self, ledger: ScopeLedger) -> BackoffState:
+        """Make the per-scope state for ``ledger``."""
+        return BackoffState(self, ledger)
+
+
+class BackoffState:
+    """The live backoff state of one scope (see :class:`Backoff`)."""
+
+    __slots__ = (
+        "_bad_delay",
+        "_ledger",
+        "_pace_delay",
+        "_pace_until",
+        "_quiet_since",
+        "_step_at",
+        "blocked_until",
+        "concurrency",
+        "config",
+        "last_signal",
+        "last_signal_at",
+        "level",
+        "reason",
+        "step_delay",
+    )
+
+    def __init__(self, config: Backoff, ledger: ScopeLedger) -> None:
+        self.config = config
+        self._ledger = ledger
+        self.level = 0
+        self.step_delay = 0.0
+        self.concurrency: int | None = None
+        self.blocked_until = -INF
+        self.last_signal: str | None = None
+        self.last_signal_at = -INF
+        self.reason = ""
+        self._bad_delay = 0.0
+        self._step_at = -INF
+        self._quiet_since = -INF
+        self._pace_delay = 0.0
+        self._pace_until = -INF
+
+    def __repr__(self) -> str:
+        return (
+            f"<BackoffState {self._ledger.name!r} level={self.level} delay={self.delay:g} "
+            f"concurrency={self.concurrency} blocked_until={self.blocked_until:g}>"
+        )
+
+    @property
+    def jitter(self) -> tuple[float, float] | None:
+        """The jitter to use instead of the policy's while backing off."""
+        return self.config.jitter if self.level else None
+
+    @property
+    def active(self) -> bool:
+        return self.level > 0 or self.concurrency is not None
+
+    def on_send(self, now: float) -> bool:
+        changed = False
+        if self.active and now - max(self.last_signal_at, self._step_at) >= self.config.window:
+            self._step_back(now)
+            changed = True
+        if self._pace_delay and now >= self._pace_until:
+            self._pace_delay = 0.0
+            self._pace_until = -INF
+            changed = True
+        return changed
+
+    def on_feedback(self, feedback: Feedback, now: float) -> None:
+        config = self.config
+        info = feedback.rate_limit
+        if info is not None:
+            self._apply_headers(info, now)
+        if not config.is_signal(feedback):
+            if self.active and now - max(self.last_signal_at, self._step_at) >= config.window:
+                self._step_back(now)
+            return
+        status = feedback.status
+        if status is not None and status in config.http_codes:
+            self.last_signal = str(status)
+        else:
+            self.last_signal = type(feedback.exception).__name__
+        self.last_signal_at = now
+        if config.headers_only:
+            return
+        sent_at = feedback.sent_at
+        if sent_at is not None and sent_at < self._step_at:
+            return  # in flight before the last step: part of that step
+        self._step_up(now)
+
+    # -- steps ---------------------------------------------------------------------
+
+    def _step_up(self, now: float) -> None:
+        config = self.config
+        ledger = self._ledger
+        old = self.step_delay
+        if self.level and old >= config.max_delay:
+            base = ledger.concurrency if self.concurrency is None else self.concurrency
+            if base is None:
+                base = max(1, ledger.in_flight)
+            self.concurrency = max(1, int(base * config.concurrency_factor))
+            self.reason = f"backoff: delay at max, concurrency cut to {self.concurrency}"
+        else:
+            current = max(old, ledger.policy.delay)
+            stepped = max(config.min_delay, current * config.delay_factor)
+            self.step_delay = min(config.max_delay, stepped)
+            self._bad_delay = current
+            self.reason = f"backoff level {self.level + 1} after {self.last_signal}"
+        self.level += 1
+        self._step_at = now
+        logger.debug(
+            "scope %s: backoff after %s, delay %.3f -> %.3f s, concurrency %s (level %d)",
+            ledger.name,
+            self.last_signal,
+            old,
+            self.step_delay,
+            self.concurrency,
+            self.level,
+        )
+
+    def _step_back(self, now: float) -> None:
+        config = self.config
+        ledger = self._ledger
+        old = self.step_delay
+        if self.concurrency is not None:
+            policy_concurrency = ledger.policy.concurrency
+            raised = max(self.concurrency + 1, int(self.concurrency / config.concurrency_factor))
+            if policy_concurrency is not None and raised >= policy_concurrency:
+                self.concurrency = None
+            else:
+                self.concurrency = raised
+        else:
+            floor = max(ledger.policy.delay, self._bad_delay)
+            target = max(old / config.delay_factor, (old + floor) / 2.0)
+            if target - floor < 0.05 * max(floor, 1e-9):
+                # We are at the edge that drew signals: probe a little lower next time.
+                self._bad_delay /= config.delay_factor
+            if target <= ledger.policy.delay or (
+                target < config.min_delay * 0.5 and (self._bad_delay <= ledger.policy.delay)
+            ):
+                target = 0.0
+            self.step_delay = target
+        self.level = max(0, self.level - 1)
+        if not self.step_delay and self.concurrency is None:
+            self.level = 0
+            self._bad_delay = 0.0
+        self._step_at = now
+        self.reason = f"backoff level {self.level}, stepping back" if self.level else ""
+        logger.debug(
+            "scope %s: quiet for %.0f s, backoff delay %.3f -> %.3f s, concurrency %s (level %d)",
+            ledger.name,
+            config.window,
+            old,
+            self.step_delay,
+            self.concurrency,
+            self.level,
+        )
+
+    def _apply_headers(self, info: Any, now: float) -> None:
+        max_delay = self.config.max_delay
+        wait = info.wait()
+        if wait is not None and wait > 0:
+            until = now + min(wait, max_delay)
+            if until > self.blocked_until:
+                self.blocked_until = until
+                logger.debug(
+                    "scope %s: server asks to wait %.3f s, blocked until %.3f",
+                    self._ledger.name,
+                    min(wait, max_delay),
+                    until,
+                )
+        pace = info.pace()
+        remaining = info.remaining
+        limit = info.limit
+        if (
+            pace is not None
+            and remaining is not None
+            and (
+                (limit is not None and remaining <= 0.2 * limit)
+                or (limit is None and remaining <= 10)
+            )
+        ):
+            self._pace_delay = min(pace, max_delay)
+            self._pace_until = now + min(info.reset or 0.0, max_delay)
+
+    @property
+    def delay(self) -> float:
+        """The delay backoff asks for: its step delay, or the header pace if larger."""
+        return max(self.step_delay, self._pace_delay)
