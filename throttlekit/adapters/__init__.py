@@ -1,0 +1,16 @@
+"""Adapters that plug a :class:`~throttlekit.Limiter` into HTTP clients and crawlers.
+
+Each adapter lives in its own module and imports its framework only when
+that module is imported, so ``import throttlekit`` never needs them:
+
+* :mod:`throttlekit.adapters.httpx` -- ``ThrottledTransport`` for
+  ``httpx.AsyncClient`` (``pip install "throttlekit[httpx]"``);
+* :mod:`throttlekit.adapters.aiohttp` -- a client middleware for
+  ``aiohttp.ClientSession`` (``pip install "throttlekit[aiohttp]"``);
+* :mod:`throttlekit.adapters.scrapy` -- a Scrapy downloader middleware
+  (``pip install "throttlekit[scrapy]"``).
+
+Adapters use only the public API: they turn a framework's request into a
+request-like, hold a :class:`~throttlekit.Permit` while it is in flight and
+report its response or exception with :meth:`~throttlekit.Permit.record`.
+"""

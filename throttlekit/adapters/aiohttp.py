@@ -1,0 +1,243 @@
+"""Throttle ``aiohttp.ClientSession`` with a client middleware (aiohttp >= 3.12).
+
+:func:`middleware` makes a client middleware that, for every request aiohttp
+sends -- each hop of a redirect chain and each retry on a dropped keep-alive
+connection go through the middlewares again --
+
+1. waits for a permit from the :class:`~throttlekit.Limiter` (the
+   ``aiohttp.ClientRequest`` is the request-like: its URL gives the scopes);
+2. sends it;
+3. records the status, headers and latency (seconds from handing the request
+   on until its response headers arrived, connection set-up included), or
+   the exception that ended the request, which is then re-raised unchanged;
+4. gives the concurrency slot back when aiohttp gives the connection back:
+   when the body has been received completely, or the response is released
+   or closed (``async with``, ``resp.release()``, ``resp.close()``) -- not
+   when the headers arrive, so slow bodies count toward concurrency.
+   Errors and cancellation before that give it back at once.
+
+aiohttp requests have no per-request extensions, so per-request scopes and
+priority are set with the :func:`throttling` context manager around the call
+(a context variable: it follows the task, including redirects).
+
+Usage::
+
+    import aiohttp
+    import throttlekit
+    from throttlekit.adapters.aiohttp import middleware
+
+    limiter = throttlekit.Limiter(default=throttlekit.ScopePolicy(concurrency=2, delay=0.5))
+    async with aiohttp.ClientSession(middlewares=(middleware(limiter),)) as session:
+        async with session.get("https://example.com/") as response:
+            body = await response.read()
+
+aiohttp runs on asyncio only, so this adapter does too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+import attrs
+
+from .. import scopes as _scopes
+from .._limiter import Limiter
+from ._common import HeldPermit, content_length, missing_extra
+
+try:
+    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise missing_extra("throttlekit.adapters.aiohttp", "aiohttp >= 3.12", "aiohttp") from exc
+
+__all__ = ["ThrottlingMiddleware", "middleware", "throttling"]
+
+
+@attrs.frozen
+class _Options:
+    scopes: _scopes.ScopeCosts | None = None
+    priority: int = 0
+    adjust_delay: bool | None = None
+
+
+_NO_OPTIONS = _Options()
+_OPTIONS: contextvars.ContextVar[_Options] = contextvars.ContextVar(
+    "throttlekit_aiohttp_options", default=_NO_OPTIONS
+)
+
+
+@contextmanager
+def throttling(
+    *,
+    scopes: _scopes.ScopesLike | None = None,
+    priority: int | None = None,
+    adjust_delay: bool | None = None,
+) -> Iterator[None]:
+    """Set the scopes and priority of the requests sent inside the ``with`` block.
+
+    :param scopes: the scopes instead of the limiter's resolver: a scope
+        name, a set of names or ``{scope: cost}``. ``None`` keeps the
+        enclosing block's (by default: use the resolver).
+    :param priority: higher is granted first among waiters of a scope;
+        ``None`` keeps the enclosing block's (by default 0).
+    :param adjust_delay: ``False`` keeps latency-driven controllers
+        (AutoThrottle) from learning from these responses; ``None`` keeps the
+        enclosing block's.
+
+    The settings live in a :class:`contextvars.ContextVar`: they apply to
+    requests made by this task inside the block, every redirect hop
+    included, and to tasks started inside it (which copy the context).
+
+    Usage::
+
+        with throttling(scopes={"api.example.com": 1, "api-budget": 5.0}, priority=10):
+            async with session.post("https://api.example.com/search", json=query) as r:
+                ...
+    """
+    current = _OPTIONS.get()
+    if scopes is not None:
+        scopes = _scopes.as_scope_costs(scopes)
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise TypeError(f"priority must be an int, got {priority!r}")
+    if adjust_delay is not None and not isinstance(adjust_delay, bool):
+        raise TypeError(f"adjust_delay must be a bool or None, got {adjust_delay!r}")
+    token = _OPTIONS.set(
+        _Options(
+            scopes=current.scopes if scopes is None else scopes,
+            priority=current.priority if priority is None else priority,
+            adjust_delay=current.adjust_delay if adjust_delay is None else adjust_delay,
+        )
+    )
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
+class ThrottlingMiddleware:
+    """An aiohttp client middleware that throttles each request through a limiter.
+
+    Make one with :func:`middleware`; see the module documentation for what
+    it does per request.
+
+    :param limiter: decides when each request may be sent.
+
+    Timeouts: aiohttp's ``ClientTimeout(total=...)`` runs around the
+    middlewares, so time spent waiting for a permit counts toward it. When
+    the total timeout fires while the request is in flight, aiohttp cancels
+    the request and raises :class:`TimeoutError` outside the middleware;
+    the middleware records that as a :class:`TimeoutError` before letting
+    the cancellation through. ``sock_read`` / ``sock_connect`` timeouts
+    raise inside the request and are recorded as they are.
+    """
+
+    __slots__ = ("_background", "_limiter")
+
+    def __init__(self, limiter: Limiter) -> None:
+        if not isinstance(limiter, Limiter):
+            raise TypeError(f"limiter must be a throttlekit.Limiter, got {limiter!r}")
+        self._limiter = limiter
+        # Releases that a shared backend must await, started from aiohttp's
+        # synchronous connection callbacks; kept referenced until they finish.
+        self._background: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        return f"<ThrottlingMiddleware {self._limiter!r}>"
+
+    @property
+    def limiter(self) -> Limiter:
+        """The limiter that throttles this middleware's requests."""
+        return self._limiter
+
+    async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
+        options = _OPTIONS.get()
+        held = await HeldPermit.acquire(
+            self._limiter, request, priority=options.priority, scopes=options.scopes
+        )
+        try:
+            permit = held.permit
+            sent = anyio.current_time()
+            try:
+                response = await handler(request)
+            except Exception as exc:
+                permit.record(
+                    exception=exc,
+                    latency=anyio.current_time() - sent,
+                    adjust_delay=options.adjust_delay,
+                )
+                raise
+            except asyncio.CancelledError:
+                if _total_timeout_expired(request):
+                    permit.record(
+                        exception=TimeoutError("aiohttp's total timeout expired"),
+                        latency=anyio.current_time() - sent,
+                        adjust_delay=options.adjust_delay,
+                    )
+                raise
+            permit.record(
+                response,
+                latency=anyio.current_time() - sent,
+                size=content_length(response.headers),
+                adjust_delay=options.adjust_delay,
+            )
+            connection = response.connection
+        except BaseException:
+            await held.release()
+            raise
+        if connection is None:
+            # The body was complete with the headers: the connection is already
+            # back in aiohttp's pool and nothing of this request is in flight.
+            await held.release()
+        else:
+            connection.add_callback(_Releaser(self, held))
+        return response
+
+    def _release_later(self, held: HeldPermit) -> None:
+        task = asyncio.get_running_loop().create_task(held.release())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+class _Releaser:
+    """aiohttp calls this (synchronously) when the response's connection is released."""
+
+    __slots__ = ("_held", "_middleware")
+
+    def __init__(self, middleware: ThrottlingMiddleware, held: HeldPermit) -> None:
+        self._middleware = middleware
+        self._held = held
+
+    def __call__(self) -> None:
+        if not self._held.release_now():
+            self._middleware._release_later(self._held)
+
+
+def _total_timeout_expired(request: ClientRequest) -> bool:
+    # aiohttp's total timeout cancels the task and turns the cancellation into
+    # TimeoutError outside the middlewares; the request's timer knows whether
+    # it fired. Not public API: if aiohttp changes it, this returns False and
+    # such timeouts are simply not recorded.
+    timer: Any = getattr(request, "_timer", None)
+    return getattr(timer, "_cancelled", False) is True
+
+
+def middleware(limiter: Limiter) -> ThrottlingMiddleware:
+    """A client middleware for ``aiohttp.ClientSession(middlewares=...)`` that uses ``limiter``.
+
+    :param limiter: decides when each request may be sent. One limiter can
+        serve several sessions (and other clients) at once.
+
+    Usage::
+
+        session = aiohttp.ClientSession(middlewares=(middleware(limiter),))
+
+    Where it goes in ``middlewares`` matters when another middleware sends
+    more than once (retries, auth refresh): put the throttling middleware
+    last (closest to the network) to throttle every attempt, first to
+    throttle each call once.
+    """
+    return ThrottlingMiddleware(limiter)

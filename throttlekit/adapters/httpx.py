@@ -1,0 +1,225 @@
+"""Throttle ``httpx.AsyncClient`` with a transport that wraps any other transport.
+
+:class:`ThrottledTransport` sits between the client and the transport that
+really sends (``httpx.AsyncHTTPTransport()`` by default). For every request,
+including each hop of a redirect chain, it
+
+1. waits for a permit from the :class:`~throttlekit.Limiter` (the
+   ``httpx.Request`` is the request-like: its URL gives the scopes, and
+   ``request.extensions["throttling_scopes"]`` overrides them;
+   ``request.extensions["throttling_priority"]`` sets the priority);
+2. sends it through the inner transport;
+3. records the status, headers and latency (seconds from handing the request
+   to the inner transport until its response headers arrived, connection
+   set-up included), or the exception that ended the request, which is then
+   re-raised unchanged;
+4. gives the concurrency slot back when the response is **closed** -- after
+   the body has been read (``client.get()`` does that for you) or when a
+   streamed response is closed -- so streamed bodies count toward
+   concurrency. Errors and cancellation before that give it back at once.
+
+Usage::
+
+    import httpx
+    import throttlekit
+    from throttlekit.adapters.httpx import ThrottledTransport
+
+    limiter = throttlekit.Limiter(default=throttlekit.ScopePolicy(concurrency=2, delay=0.5))
+    async with httpx.AsyncClient(transport=ThrottledTransport(limiter)) as client:
+        response = await client.get("https://example.com/")
+
+Only ``httpx.AsyncClient`` is supported: the limiter runs on an event loop
+(asyncio or trio), so there is no transport for the synchronous
+``httpx.Client``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from .._limiter import Limiter
+from ._common import HeldPermit, content_length, missing_extra
+
+try:
+    import httpx
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise missing_extra("throttlekit.adapters.httpx", "httpx", "httpx") from exc
+
+__all__ = ["ThrottledTransport", "client"]
+
+#: Keyword arguments of :func:`client` that configure the inner transport.
+_TRANSPORT_OPTIONS = ("verify", "cert", "trust_env", "http1", "http2", "limits", "proxy")
+
+
+class ThrottledTransport(httpx.AsyncBaseTransport):
+    """An ``httpx`` async transport that throttles every request through a limiter.
+
+    :param limiter: decides when each request may be sent.
+    :param transport: the transport that sends; ``None`` means a new
+        ``httpx.AsyncHTTPTransport()``. It is closed with this one.
+
+    Per request, through ``extensions``:
+
+    * ``"throttling_scopes"``: the request's scopes instead of the limiter's
+      resolver (a scope name, a set of names or ``{scope: cost}``);
+    * ``"throttling_priority"``: an int, higher is granted first (default 0);
+    * ``"autothrottle_dont_adjust_delay"``: ``True`` keeps latency-driven
+      controllers from learning from this response.
+
+    Redirects reuse the request's extensions, so each hop is throttled with
+    the same scopes override and priority.
+
+    The slot is held until the response is closed. ``client.get()`` and
+    friends read the body and close it for you; with ``client.stream()`` or
+    ``client.send(..., stream=True)`` close the response (``async with`` or
+    ``await response.aclose()``), as httpx asks anyway -- an unclosed
+    response keeps its slot.
+
+    Exceptions from the limiter (:class:`~throttlekit.Overloaded`) and from
+    the inner transport propagate unchanged; the latter are recorded first,
+    so timeouts and connection errors feed the scope's backoff. A failure
+    while the body streams (after the status was recorded) is recorded too,
+    without a latency sample.
+
+    Usage::
+
+        transport = ThrottledTransport(limiter, httpx.AsyncHTTPTransport(http2=True, retries=1))
+        async with httpx.AsyncClient(transport=transport) as client:
+            await client.get(url, extensions={"throttling_scopes": {"api-budget": 2.0}})
+    """
+
+    def __init__(self, limiter: Limiter, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if not isinstance(limiter, Limiter):
+            raise TypeError(f"limiter must be a throttlekit.Limiter, got {limiter!r}")
+        if transport is None:
+            transport = httpx.AsyncHTTPTransport()
+        elif not isinstance(transport, httpx.AsyncBaseTransport):
+            raise TypeError(f"transport must be an httpx.AsyncBaseTransport, got {transport!r}")
+        self._limiter = limiter
+        self._transport = transport
+
+    def __repr__(self) -> str:
+        return f"<ThrottledTransport {self._limiter!r} over {self._transport!r}>"
+
+    @property
+    def limiter(self) -> Limiter:
+        """The limiter that throttles this transport's requests."""
+        return self._limiter
+
+    @property
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """The wrapped transport that sends the requests."""
+        return self._transport
+
+    async def __aenter__(self) -> ThrottledTransport:
+        await self._transport.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self._transport.__aexit__(exc_type, exc_value, traceback)
+
+    async def aclose(self) -> None:
+        """Close the inner transport."""
+        await self._transport.aclose()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Wait for a permit, send ``request`` through the inner transport, record how it went.
+
+        The returned response's stream gives the permit back when it is closed.
+        """
+        priority = request.extensions.get("throttling_priority", 0)
+        held = await HeldPermit.acquire(self._limiter, request, priority=priority)
+        try:
+            permit = held.permit
+            sent = anyio.current_time()
+            try:
+                response = await self._transport.handle_async_request(request)
+            except Exception as exc:
+                permit.record(exception=exc, latency=anyio.current_time() - sent)
+                raise
+            permit.record(
+                response,
+                latency=anyio.current_time() - sent,
+                size=content_length(response.headers),
+            )
+            stream = response.stream
+            if not isinstance(stream, httpx.AsyncByteStream):
+                raise TypeError(
+                    f"the inner transport returned a response without an async stream: {stream!r}"
+                )
+            response.stream = _ReleasingStream(stream, held)
+        except BaseException:
+            await held.release()
+            raise
+        return response
+
+
+class _ReleasingStream(httpx.AsyncByteStream):
+    """A response body that gives its permit back when it is closed."""
+
+    __slots__ = ("_held", "_stream")
+
+    def __init__(self, stream: httpx.AsyncByteStream, held: HeldPermit) -> None:
+        self._stream = stream
+        self._held = held
+
+    def __repr__(self) -> str:
+        return f"<_ReleasingStream {self._held!r}>"
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except Exception as exc:
+            if not self._held.released:
+                self._held.permit.record(exception=exc, adjust_delay=False)
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            await self._held.release()
+
+
+def client(limiter: Limiter | None = None, **kwargs: Any) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` whose requests go through a :class:`ThrottledTransport`.
+
+    :param limiter: the limiter to use; ``None`` makes a new
+        :class:`~throttlekit.Limiter` with its defaults (one request at a time
+        per host, 1 s apart).
+    :param kwargs: passed to ``httpx.AsyncClient``, except ``verify``, ``cert``,
+        ``http1``, ``http2``, ``limits`` and ``proxy``, which configure the inner
+        ``httpx.AsyncHTTPTransport`` (``trust_env`` goes to both). ``transport``
+        is not accepted: wrap your own in :class:`ThrottledTransport` instead.
+
+    httpx ignores the proxy environment variables when a transport is given;
+    pass ``proxy=`` explicitly. Transports in ``mounts=`` are used as given
+    (wrap them in :class:`ThrottledTransport` to throttle them too).
+
+    Usage::
+
+        async with throttlekit.adapters.httpx.client(limiter, http2=True, timeout=10) as client:
+            response = await client.get("https://example.com/")
+    """
+    if "transport" in kwargs:
+        raise TypeError(
+            "client() builds its own transport; pass "
+            "ThrottledTransport(limiter, your_transport) to httpx.AsyncClient instead"
+        )
+    options = {name: kwargs.pop(name) for name in _TRANSPORT_OPTIONS if name in kwargs}
+    if "trust_env" in options:
+        kwargs["trust_env"] = options["trust_env"]
+    transport = ThrottledTransport(
+        Limiter() if limiter is None else limiter, httpx.AsyncHTTPTransport(**options)
+    )
+    return httpx.AsyncClient(transport=transport, **kwargs)
