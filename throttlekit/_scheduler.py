@@ -383,9 +383,9 @@ class Scheduler:
         rng = self.rng
         entries = []
         for ledger, cost in zip(ticket.ledgers, ticket.costs, strict=False):
-            if ledger.idle:
-                self._update_idle(ledger, now)
             entries.append(ledger.grant(cost, now, rng))
+            if ledger.idle:  # after grant(): an idle scope is busy only once it holds one
+                self._update_idle(ledger, now)
             if waiting:
                 ledger.waiting -= 1
         if waiting:
