@@ -522,6 +522,19 @@ class Limiter:
         costs = await self._resolve(request, scopes)
         if self._backend is not None:
             return await self._backend.acquire(self, costs, priority=priority, timeout=timeout)
+        return await self._acquire_local(costs, priority, timeout)
+
+    async def _acquire_local(
+        self,
+        costs: Mapping[str, float],
+        priority: int,
+        timeout: float | None,  # noqa: ASYNC109 - the caller's acquire(timeout=)
+    ) -> Ticket:
+        """Wait for a grant from the in-memory ledgers; return the granted ticket.
+
+        Backends call it too: with no scopes (``costs={}``) it takes only the
+        global cap, and it is the local fallback of a shared backend.
+        """
         core = self._core
         now = anyio.current_time()
         ticket = core.make_ticket(costs, priority, now)
