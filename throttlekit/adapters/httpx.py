@@ -175,20 +175,39 @@ class _ReleasingStream(httpx.AsyncByteStream):
     def __repr__(self) -> str:
         return f"<_ReleasingStream {self._held!r}>"
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._stream:
-                yield chunk
-        except Exception as exc:
-            if not self._held.released:
-                self._held.permit.record(exception=exc, adjust_delay=False)
-            raise
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # A plain iterator, not an async generator: nothing to finalize when
+        # the reader stops early, so no extra "never exhausted" warnings.
+        return _Chunks(self._stream.__aiter__(), self._held)
 
     async def aclose(self) -> None:
         try:
             await self._stream.aclose()
         finally:
             await self._held.release()
+
+
+class _Chunks:
+    """Iterates a response body; records a failure that ends it early."""
+
+    __slots__ = ("_chunks", "_held")
+
+    def __init__(self, chunks: AsyncIterator[bytes], held: HeldPermit) -> None:
+        self._chunks = chunks
+        self._held = held
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            raise
+        except Exception as exc:
+            if not self._held.released:
+                self._held.permit.record(exception=exc, adjust_delay=False)
+            raise
 
 
 def client(limiter: Limiter | None = None, **kwargs: Any) -> httpx.AsyncClient:
