@@ -30,8 +30,8 @@ from ._stats import LimiterStatistics, ScopeStatistics
 
 __all__ = [
     "AutoThrottle",
-    "Backoff",
     "BackendUnavailable",
+    "Backoff",
     "Controller",
     "Feedback",
     "Limiter",

@@ -115,10 +115,14 @@ class Backoff:
     concurrency is multiplied by ``concurrency_factor`` (never below 1).
 
     After ``window`` seconds without a signal, the scope takes one step back
-    toward its policy (concurrency first, then delay). Each step back goes
-    halfway toward the last delay that still drew a signal rather than
-    straight back to the policy, so the delay settles just above the rate
-    the server tolerates instead of ping-ponging between the two.
+    toward its policy (concurrency first, then delay). Backoff remembers the
+    largest delay that drew a signal and the smallest that stayed quiet for
+    a whole window, and each step back goes halfway between them (or divides
+    by ``delay_factor`` while no edge is known); a signal returns to the last
+    quiet delay. So the delay settles just above the rate the server
+    tolerates instead of ping-ponging between "too fast" and "backed off".
+    After ten calm windows at the edge it forgets the edge and probes
+    again, since servers change. ``min_delay`` bounds the first step only.
 
     ``Retry-After`` and ``RateLimit`` reset values in any response (parsed by
     :mod:`throttlekit.headers`) block the scope until that time, capped at
@@ -189,10 +193,12 @@ class BackoffState:
 
     __slots__ = (
         "_bad_delay",
+        "_calm",
+        "_forgot",
+        "_good_delay",
         "_ledger",
         "_pace_delay",
         "_pace_until",
-        "_quiet_since",
         "_step_at",
         "blocked_until",
         "concurrency",
@@ -215,8 +221,10 @@ class BackoffState:
         self.last_signal_at = -INF
         self.reason = ""
         self._bad_delay = 0.0
+        self._good_delay = INF
+        self._calm = 0
+        self._forgot = False
         self._step_at = -INF
-        self._quiet_since = -INF
         self._pace_delay = 0.0
         self._pace_until = -INF
 
@@ -264,7 +272,7 @@ class BackoffState:
         if config.headers_only:
             return
         sent_at = feedback.sent_at
-        if sent_at is not None and sent_at < self._step_at:
+        if sent_at is not None and sent_at <= self._step_at:
             return  # in flight before the last step: part of that step
         self._step_up(now)
 
@@ -274,6 +282,7 @@ class BackoffState:
         config = self.config
         ledger = self._ledger
         old = self.step_delay
+        in_force = max(old, ledger.policy.delay)
         if self.level and old >= config.max_delay:
             base = ledger.concurrency if self.concurrency is None else self.concurrency
             if base is None:
@@ -281,12 +290,29 @@ class BackoffState:
             self.concurrency = max(1, int(base * config.concurrency_factor))
             self.reason = f"backoff: delay at max, concurrency cut to {self.concurrency}"
         else:
-            current = max(old, ledger.policy.delay)
-            stepped = max(config.min_delay, current * config.delay_factor)
+            # The delay in force drew a signal: remember it as too fast, and go
+            # back to the last delay known to be quiet, or multiply.
+            good = self._good_delay
+            if not old:
+                self._bad_delay = in_force
+                stepped = max(config.min_delay, in_force * config.delay_factor)
+            elif in_force < good < INF:
+                self._bad_delay = max(self._bad_delay, in_force)
+                stepped = good  # a probe below the last quiet delay failed: go back
+            elif good < INF:
+                # The last quiet delay drew a signal too: we sit right on the
+                # edge (or it moved). Nudge up an eighth of a step and relearn
+                # what is quiet, keeping the edge we knew.
+                stepped = in_force * (1.0 + (config.delay_factor - 1.0) / 8.0)
+                self._good_delay = INF
+            else:
+                self._bad_delay = max(self._bad_delay, in_force)
+                stepped = in_force * config.delay_factor
             self.step_delay = min(config.max_delay, stepped)
-            self._bad_delay = current
             self.reason = f"backoff level {self.level + 1} after {self.last_signal}"
         self.level += 1
+        self._calm = 0
+        self._forgot = False
         self._step_at = now
         logger.debug(
             "scope %s: backoff after %s, delay %.3f -> %.3f s, concurrency %s (level %d)",
@@ -299,9 +325,11 @@ class BackoffState:
         )
 
     def _step_back(self, now: float) -> None:
+        """A quiet window passed: move toward the policy, bisecting toward the known edge."""
         config = self.config
         ledger = self._ledger
         old = self.step_delay
+        self._step_at = now
         if self.concurrency is not None:
             policy_concurrency = ledger.policy.concurrency
             raised = max(self.concurrency + 1, int(self.concurrency / config.concurrency_factor))
@@ -309,25 +337,38 @@ class BackoffState:
                 self.concurrency = None
             else:
                 self.concurrency = raised
+            self.reason = f"backoff: quiet, concurrency raised to {self.concurrency}"
         else:
-            floor = max(ledger.policy.delay, self._bad_delay)
-            target = max(old / config.delay_factor, (old + floor) / 2.0)
-            if target - floor < 0.05 * max(floor, 1e-9):
-                # We are at the edge that drew signals: probe a little lower next time.
-                self._bad_delay /= config.delay_factor
-            if target <= ledger.policy.delay or (
-                target < config.min_delay * 0.5 and (self._bad_delay <= ledger.policy.delay)
-            ):
+            self._good_delay = min(self._good_delay, old)
+            floor = ledger.policy.delay
+            bad = self._bad_delay
+            if bad > floor:
+                target = (old + bad) / 2.0
+                if old - target < 0.025 * old:
+                    # Settled just above the edge: stay, and after a few calm
+                    # windows forget the edge so that we probe again.
+                    self._calm += 1
+                    if self._calm >= 10:
+                        # Forget half the edge the first time, all of it the second.
+                        self._calm = 0
+                        self._bad_delay = floor if self._forgot else bad / config.delay_factor
+                        self._forgot = True
+                    return
+            else:
+                target = old / config.delay_factor
+            if target <= floor or target < 0.01:
                 target = 0.0
             self.step_delay = target
-        self.level = max(0, self.level - 1)
+            self.reason = f"backoff: quiet for {config.window:g} s, stepping back"
+        self.level = max(1, self.level - 1)
         if not self.step_delay and self.concurrency is None:
             self.level = 0
             self._bad_delay = 0.0
-        self._step_at = now
-        self.reason = f"backoff level {self.level}, stepping back" if self.level else ""
+            self._good_delay = INF
+            self._calm = 0
+            self.reason = ""
         logger.debug(
-            "scope %s: quiet for %.0f s, backoff delay %.3f -> %.3f s, concurrency %s (level %d)",
+            "scope %s: quiet for %g s, backoff delay %.3f -> %.3f s, concurrency %s (level %d)",
             ledger.name,
             config.window,
             old,

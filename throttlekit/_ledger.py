@@ -70,6 +70,7 @@ class ScopeLedger:
         "controllers",
         "delay",
         "dirty",
+        "factor",
         "idle",
         "idle_since",
         "in_flight",
@@ -93,6 +94,7 @@ class ScopeLedger:
         self.waiting = 0
         self.last_send = -INF
         self.next_send_at = -INF
+        self.factor = 1.0  # the jitter factor drawn at the last send
         # Send times of free concurrency slots that have been used (a min-heap);
         # free slots beyond these have never sent and are ready at once.
         self.slot_times: list[float] | None = None
@@ -148,6 +150,9 @@ class ScopeLedger:
                 concurrency = limit if concurrency is None else min(concurrency, limit)
             if controller.blocked_until > blocked:
                 blocked = controller.blocked_until
+        if delay != self.delay and self.last_send > -INF:
+            # A new delay applies from the last send, with the jitter drawn then.
+            self.next_send_at = self.last_send + delay * self.factor
         self.delay = delay
         self.jitter = jitter
         self.concurrency = None if concurrency is None else max(1, concurrency)
@@ -236,16 +241,12 @@ class ScopeLedger:
         """Take one concurrency slot, the delay and ``cost`` of quota at ``now``."""
         self.in_flight += 1
         self.last_send = now
-        delay = self.delay
-        if delay > 0.0:
-            low, high = self.jitter
-            if low != high:
-                delay *= 1.0 + rng.uniform(low, high)
-            elif low:
-                delay *= 1.0 + low
-            self.next_send_at = now + delay
+        low, high = self.jitter
+        if low != high:
+            self.factor = 1.0 + rng.uniform(low, high)
         else:
-            self.next_send_at = now
+            self.factor = 1.0 + low
+        self.next_send_at = now + self.delay * self.factor
         slots = self.slot_times
         if (
             slots

@@ -19,6 +19,9 @@ __all__ = ["Rampup", "RampupState"]
 
 logger = logging.getLogger("throttlekit.rampup")
 
+#: Each rung faster multiplies the delay by this (until ``min_delay``).
+_DELAY_STEP = 0.8
+
 
 def _target(value: Any) -> tuple[int, int]:
     if isinstance(value, bool):
@@ -48,7 +51,7 @@ class Rampup:
 
     Meant for pay-per-request APIs (web scraping APIs and the like) where
     idle capacity is wasted money. The scope moves along a ladder of speeds:
-    first the delay halves step by step from the policy's down to
+    first the delay shrinks by a fifth per rung from the policy's down to
     ``min_delay``, then the concurrency grows by ``concurrency_factor`` up to
     ``max_concurrency``. At the end of each ``window`` it counts the backoff
     signals (the scope's :class:`Backoff` codes and exceptions):
@@ -149,7 +152,7 @@ class RampupState:
         delay = base_delay
         steps = rung
         while steps and delay > config.min_delay:
-            delay /= 2.0
+            delay *= _DELAY_STEP
             if delay < max(config.min_delay, 0.001):
                 delay = config.min_delay
             steps -= 1

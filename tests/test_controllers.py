@@ -1,0 +1,602 @@
+"""Controllers: Backoff, rate-limit headers in the loop, AutoThrottle, Rampup, quotas, Crawl-Delay.
+
+The closed-loop tests run the real :class:`throttlekit.Limiter` on trio's
+virtual clock against small simulated servers, so minutes of traffic take
+well under a second and every time is exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections import deque
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+import throttlekit
+from throttlekit import AutoThrottle, Backoff, Feedback, Limiter, Rampup, ScopePolicy
+from throttlekit._autothrottle import autothrottle_delay
+from throttlekit._ledger import ScopeLedger
+
+URL = "https://api.test/items"
+SCOPE = "api.test"
+
+
+@pytest.fixture
+def anyio_backend(trio_virtual: Any) -> Any:
+    return trio_virtual
+
+
+# -- simulated servers -----------------------------------------------------------
+
+
+class QuotaServer:
+    """Accepts ``rate`` requests per sliding second; above it answers 429 with Retry-After."""
+
+    def __init__(self, rate: int, retry_after: float = 2.0, latency: float = 0.05) -> None:
+        self.rate = rate
+        self.retry_after = retry_after
+        self.latency = latency
+        self.accepted: deque[float] = deque()
+
+    def handle(self, now: float, in_flight: int) -> tuple[int, dict[str, str], float]:
+        while self.accepted and self.accepted[0] <= now - 1.0:
+            self.accepted.popleft()
+        if len(self.accepted) >= self.rate:
+            return 429, {"Retry-After": f"{self.retry_after:g}"}, self.latency
+        self.accepted.append(now)
+        return 200, {}, self.latency
+
+
+class LoadServer:
+    """Latency grows with the requests in flight: ``base * (1 + in_flight)``."""
+
+    def __init__(self, base: float = 0.2) -> None:
+        self.base = base
+
+    def handle(self, now: float, in_flight: int) -> tuple[int, dict[str, str], float]:
+        return 200, {}, self.base * (1 + in_flight)
+
+
+class FastErrorServer:
+    """Above ``rate`` requests per sliding second answers 429 fast; 200s are slow."""
+
+    def __init__(self, rate: int = 2, ok_latency: float = 0.5, error_latency: float = 0.005):
+        self.rate = rate
+        self.ok_latency = ok_latency
+        self.error_latency = error_latency
+        self.accepted: deque[float] = deque()
+
+    def handle(self, now: float, in_flight: int) -> tuple[int, dict[str, str], float]:
+        while self.accepted and self.accepted[0] <= now - 1.0:
+            self.accepted.popleft()
+        if len(self.accepted) >= self.rate:
+            return 429, {}, self.error_latency
+        self.accepted.append(now)
+        return 200, {}, self.ok_latency
+
+
+@attrs.define
+class Exchange:
+    sent: float
+    received: float
+    status: int
+    headers: dict[str, str]
+
+
+async def crawl(
+    limiter: Limiter, server: Any, *, duration: float, workers: int, url: str = URL
+) -> list[Exchange]:
+    """Workers send requests through ``limiter`` to ``server`` for ``duration`` seconds.
+
+    Times in the log are relative to the start of the crawl.
+    """
+    log: list[Exchange] = []
+    in_flight = 0
+    start = anyio.current_time()
+
+    async def worker() -> None:
+        nonlocal in_flight
+        while anyio.current_time() - start < duration:
+            async with limiter.acquire(url) as permit:
+                sent = anyio.current_time() - start
+                if sent >= duration:
+                    return
+                status, headers, latency = server.handle(sent, in_flight)
+                in_flight += 1
+                try:
+                    await anyio.sleep(latency)
+                finally:
+                    in_flight -= 1
+                permit.record(status=status, headers=headers)
+                log.append(Exchange(sent, anyio.current_time() - start, status, headers))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(workers):
+            tg.start_soon(worker)
+    return log
+
+
+# -- AutoThrottle: number for number with Scrapy -----------------------------------
+
+# (old delay, latency, target concurrency, min delay, max delay, status) -> new delay
+AUTOTHROTTLE_CASES = [
+    (5.0, 1.0, 1.0, 0.0, 60.0, 200, 3.0),  # mean of old and target
+    (1.0, 3.0, 1.0, 0.0, 60.0, 200, 3.0),  # never below the target
+    (5.0, 1.0, 2.0, 0.0, 60.0, 200, 2.75),  # target = latency / N
+    (5.0, 1.0, 0.5, 0.0, 60.0, 200, 3.5),  # N < 1 is more conservative
+    (50.0, 100.0, 1.0, 0.0, 60.0, 200, 60.0),  # clamped to max
+    (0.2, 0.1, 1.0, 1.0, 60.0, 200, 1.0),  # clamped to min (DOWNLOAD_DELAY)
+    (0.0, 0.0, 1.0, 0.0, 60.0, 200, 0.0),
+    (5.0, 1.0, 1.0, 0.0, 60.0, 500, 5.0),  # non-200 may not lower it
+    (5.0, 1.0, 1.0, 0.0, 60.0, 429, 5.0),
+    (1.0, 3.0, 1.0, 0.0, 60.0, 503, 3.0),  # ...but may raise it
+    (3.0, 3.0, 1.0, 0.0, 60.0, 404, 3.0),  # equal: unchanged
+    (2.0, 1.0, 1.0, 0.0, 1.5, 200, 1.5),  # max below old
+    (10.0, 30.0, 3.0, 0.0, 60.0, 200, 10.0),  # target == old
+    (0.5, 0.25, 1.0, 0.3, 60.0, 301, 0.5),  # redirect: clamp to min would lower: kept
+    (4.0, 0.4, 4.0, 0.0, 60.0, 200, 2.05),
+]
+
+
+@pytest.mark.parametrize(
+    ("old", "latency", "target", "minimum", "maximum", "status", "expected"), AUTOTHROTTLE_CASES
+)
+def test_autothrottle_delay_rules(
+    old: float,
+    latency: float,
+    target: float,
+    minimum: float,
+    maximum: float,
+    status: int,
+    expected: float,
+) -> None:
+    new = autothrottle_delay(
+        old, latency, status, target_concurrency=target, min_delay=minimum, max_delay=maximum
+    )
+    assert new == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("old", "latency", "target", "minimum", "maximum", "status", "expected"), AUTOTHROTTLE_CASES
+)
+def test_autothrottle_matches_scrapy(
+    old: float,
+    latency: float,
+    target: float,
+    minimum: float,
+    maximum: float,
+    status: int,
+    expected: float,
+) -> None:
+    """Scrapy's own extension, fed the same numbers, computes the same delay."""
+    scrapy_throttle = pytest.importorskip("scrapy.extensions.throttle")
+    from scrapy.http import Response
+
+    extension = object.__new__(scrapy_throttle.AutoThrottle)
+    extension.target_concurrency = target
+    extension.mindelay = minimum
+    extension.maxdelay = maximum
+
+    class Slot:
+        delay = old
+
+    slot = Slot()
+    extension._adjust_delay(slot, latency, Response("https://a.test/", status=status))
+    ours = autothrottle_delay(
+        old, latency, status, target_concurrency=target, min_delay=minimum, max_delay=maximum
+    )
+    assert ours == pytest.approx(slot.delay)
+
+
+@pytest.mark.parametrize(
+    ("policy_delay", "start_delay", "expected"),
+    [(0.0, 5.0, 5.0), (10.0, 5.0, 10.0), (1.0, 0.0, 1.0), (0.0, 0.0, 0.0)],
+)
+def test_autothrottle_start_delay(policy_delay: float, start_delay: float, expected: float) -> None:
+    policy = ScopePolicy(delay=policy_delay, autothrottle=AutoThrottle(start_delay=start_delay))
+    ledger = ScopeLedger("a.test", policy)
+    assert ledger.delay == expected
+
+
+def test_autothrottle_debug_line_and_dont_adjust(caplog: pytest.LogCaptureFixture) -> None:
+    policy = ScopePolicy(delay=0.0, autothrottle=AutoThrottle(debug=True), backoff=None)
+    ledger = ScopeLedger("example.com", policy)
+    ledger.in_flight = 1
+    state = ledger.controllers[0]
+    with caplog.at_level(logging.INFO, logger="throttlekit.autothrottle"):
+        state.on_feedback(Feedback(status=200, latency=1.0, size=1234), 0.0)
+    assert caplog.messages == [
+        "slot: example.com | conc: 1 | delay: 3000 ms (-2000) | "
+        "latency: 1000 ms | size:  1234 bytes"
+    ]
+    state.on_feedback(Feedback(status=200, latency=0.1, adjust_delay=False), 1.0)
+    assert state.delay == 3.0  # autothrottle_dont_adjust_delay: ignored
+    state.on_feedback(Feedback(exception=TimeoutError()), 2.0)
+    assert state.delay == 3.0  # no response, no latency: ignored
+
+
+def test_autothrottle_settings() -> None:
+    limiter = Limiter.from_settings(
+        {
+            "AUTOTHROTTLE_ENABLED": True,
+            "AUTOTHROTTLE_START_DELAY": 2.0,
+            "AUTOTHROTTLE_MAX_DELAY": 30.0,
+            "AUTOTHROTTLE_TARGET_CONCURRENCY": 2.0,
+            "DOWNLOAD_DELAY": 0.5,
+        }
+    )
+    assert limiter.default.autothrottle == AutoThrottle(
+        start_delay=2.0, max_delay=30.0, target_concurrency=2.0
+    )
+    with pytest.raises(ValueError, match="AUTOTHROTTLE_TARGET_CONCURRENCY"):
+        Limiter.from_settings(
+            {"AUTOTHROTTLE_ENABLED": True, "AUTOTHROTTLE_TARGET_CONCURRENCY": 0.0}
+        )
+
+
+# -- Backoff unit behaviour -------------------------------------------------------
+
+
+def _backoff_ledger(**backoff: Any) -> ScopeLedger:
+    return ScopeLedger(SCOPE, ScopePolicy(concurrency=4, delay=0.0, backoff=Backoff(**backoff)))
+
+
+def test_backoff_burst_from_in_flight_requests_is_one_step() -> None:
+    ledger = _backoff_ledger()
+    for _ in range(10):  # ten parallel requests, all sent at t=0, all 429
+        ledger.controllers[0].on_feedback(Feedback(status=429, sent_at=0.0), 0.5)
+    ledger.refresh()
+    assert ledger.delay == 1.0  # min_delay: one step, not 2 ** 10
+    ledger.controllers[0].on_feedback(Feedback(status=429, sent_at=1.0), 1.5)
+    ledger.refresh()
+    assert ledger.delay == 2.0  # a request sent after the step is a new signal
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504, 520, 521, 522, 523, 524])
+def test_backoff_default_codes(status: int) -> None:
+    assert Backoff().is_signal(Feedback(status=status))
+
+
+@pytest.mark.parametrize("status", [200, 301, 404, 500, 501])
+def test_backoff_not_signals(status: int) -> None:
+    assert not Backoff().is_signal(Feedback(status=status))
+
+
+def test_backoff_exceptions() -> None:
+    httpx = pytest.importorskip("httpx")
+    aiohttp = pytest.importorskip("aiohttp")
+    backoff = Backoff()
+    assert backoff.is_signal(Feedback(exception=TimeoutError()))
+    assert backoff.is_signal(Feedback(exception=ConnectionResetError()))
+    assert backoff.is_signal(Feedback(exception=httpx.ReadTimeout("slow")))
+    assert backoff.is_signal(Feedback(exception=httpx.ConnectError("refused")))
+    assert backoff.is_signal(Feedback(exception=aiohttp.ServerTimeoutError()))
+    assert not backoff.is_signal(Feedback(exception=ValueError("parse error")))
+    custom = Backoff(exceptions=["builtins.KeyError", "no.such.Module"], http_codes=[418])
+    assert custom.is_signal(Feedback(exception=KeyError("x")))
+    assert custom.is_signal(Feedback(status=418))
+    assert not custom.is_signal(Feedback(status=429))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"delay_factor": 1.0}, "delay_factor"),
+        ({"min_delay": -1}, "min_delay"),
+        ({"max_delay": 0}, "max_delay"),
+        ({"min_delay": 10, "max_delay": 5}, "min_delay"),
+        ({"concurrency_factor": 1.5}, "concurrency_factor"),
+        ({"window": math.nan}, "window"),
+        ({"http_codes": [42]}, "http_codes"),
+        ({"exceptions": [42]}, "exceptions"),
+        ({"jitter": 2.0}, "jitter"),
+    ],
+)
+def test_backoff_invalid_config(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=field):
+        Backoff(**kwargs)
+
+
+def test_backoff_concurrency_shrinks_at_max_delay_and_recovers() -> None:
+    ledger = _backoff_ledger(max_delay=4.0, window=10.0)
+    state = ledger.controllers[0]
+    now = 0.0
+    for _ in range(3):  # 1 -> 2 -> 4 (max)
+        now += 1.0
+        state.on_feedback(Feedback(status=503, sent_at=now), now + 0.1)
+    ledger.refresh()
+    assert (ledger.delay, ledger.concurrency) == (4.0, 4)
+    now += 1.0
+    state.on_feedback(Feedback(status=503, sent_at=now), now + 0.1)
+    ledger.refresh()
+    assert (ledger.delay, ledger.concurrency) == (4.0, 2)
+    now += 1.0
+    state.on_feedback(Feedback(status=503, sent_at=now), now + 0.1)
+    ledger.refresh()
+    assert ledger.concurrency == 1
+    # Quiet windows: concurrency comes back first, then the delay steps down,
+    # pausing just above the delay that drew the last signals (2 s), then on.
+    delays = []
+    for _ in range(40):
+        now += 10.0
+        state.on_send(now)
+        ledger.refresh()
+        delays.append(ledger.delay)
+    assert ledger.concurrency == 4
+    assert delays == sorted(delays, reverse=True)
+    assert 2.0 < delays[8] < 2.2  # settled near the edge for a while
+    assert delays[-1] == 0.0
+    assert state.level == 0
+
+
+def test_retry_after_blocks_and_is_capped() -> None:
+    ledger = _backoff_ledger(max_delay=30.0)
+    state = ledger.controllers[0]
+    state.on_feedback(Feedback(status=429, rate_limit=_info(retry_after=7.0)), 100.0)
+    ledger.refresh()
+    assert ledger.blocked_until == 107.0
+    assert ledger.ready_at(1.0, 100.0) == 107.0
+    state.on_feedback(Feedback(status=429, rate_limit=_info(retry_after=3600.0)), 101.0)
+    ledger.refresh()
+    assert ledger.blocked_until == 131.0  # capped at max_delay
+
+
+def test_remaining_zero_blocks_until_reset_and_low_remaining_paces() -> None:
+    ledger = _backoff_ledger()
+    state = ledger.controllers[0]
+    state.on_feedback(Feedback(status=200, rate_limit=_info(remaining=0, reset=12.0)), 50.0)
+    ledger.refresh()
+    assert ledger.blocked_until == 62.0
+    ledger = _backoff_ledger()
+    state = ledger.controllers[0]
+    state.on_feedback(
+        Feedback(status=200, rate_limit=_info(remaining=5, limit=100, reset=10.0)), 0.0
+    )
+    ledger.refresh()
+    assert ledger.delay == 2.0  # 5 requests left for 10 s: one every 2 s
+    state.on_send(10.5)  # the window reset
+    ledger.refresh()
+    assert ledger.delay == 0.0
+
+
+def _info(**fields: Any) -> Any:
+    from throttlekit.headers import RateLimitInfo
+
+    return RateLimitInfo(**fields)
+
+
+def test_statistics_explain_backoff(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        limiter = Limiter(default=ScopePolicy(concurrency=2, delay=0.0))
+        with caplog.at_level(logging.DEBUG, logger="throttlekit"):
+            async with limiter.acquire(URL) as permit:
+                permit.record(status=429)
+        stats = limiter.statistics().scopes[SCOPE]
+        assert stats.backoff_level == 1
+        assert stats.last_signal == "429"
+        assert stats.delay == 1.0
+        assert stats.reason == "backoff level 1 after 429"
+        assert any("backoff after 429, delay 0.000 -> 1.000 s" in m for m in caplog.messages)
+
+    anyio.run(main)
+
+
+# -- closed loop: the limiter against simulated servers -----------------------------
+
+
+@pytest.mark.anyio
+async def test_retry_after_server_settles_just_below_its_rate() -> None:
+    """429 + Retry-After: 2 above 5 req/s: nothing is sent inside a Retry-After
+    window, and the steady rate settles within 10 % below 5 req/s."""
+    limiter = Limiter(default=ScopePolicy(concurrency=8, delay=0.0, slot_delay=0.0), seed=1)
+    log = await crawl(limiter, QuotaServer(rate=5), duration=1500.0, workers=8)
+    rejected = [x for x in log if x.status == 429]
+    assert rejected, "the server never pushed back: the test proves nothing"
+    sends = sorted(x.sent for x in log)
+    for error in rejected:
+        inside = [t for t in sends if error.received < t < error.received + 2.0]
+        assert not inside, f"sent at {inside[:3]} inside Retry-After from {error.received}"
+    late = [x for x in log if x.sent >= 1200.0 and x.status == 200]
+    rate = len(late) / 300.0
+    assert 4.5 <= rate <= 5.0, f"steady rate {rate:.2f} req/s"
+    late_errors = [x for x in rejected if x.sent >= 1200.0]
+    assert len(late_errors) <= 5
+
+
+@pytest.mark.anyio
+async def test_autothrottle_follows_latency_that_grows_with_load() -> None:
+    policy = ScopePolicy(concurrency=8, delay=0.0, slot_delay=0.0, autothrottle=AutoThrottle())
+    limiter = Limiter(default=policy, seed=2)
+    log = await crawl(limiter, LoadServer(base=0.2), duration=300.0, workers=8)
+    late = [x for x in log if x.sent >= 200.0]
+    # In steady state about one request is in flight (target concurrency 1):
+    busy = sum(x.received - x.sent for x in late)
+    assert busy / 100.0 == pytest.approx(1.0, abs=0.35)
+    stats = limiter.statistics().scopes[SCOPE]
+    assert stats.reason.startswith("autothrottle")
+
+
+async def _fast_429_run(policy: ScopePolicy) -> tuple[int, int]:
+    limiter = Limiter(default=policy, seed=3)
+    log = await crawl(limiter, FastErrorServer(rate=1), duration=600.0, workers=8)
+    late = [x for x in log if x.sent >= 300.0]
+    return sum(x.status == 429 for x in late), sum(x.status == 200 for x in late)
+
+
+@pytest.mark.anyio
+async def test_fast_429s_slow_throttlekit_down_where_autothrottle_speeds_up() -> None:
+    """A server allowing 1 req/s that answers 429 in 5 ms and 200 in 0.5 s:
+    AutoThrottle alone settles on the 200s' latency and keeps sending twice
+    what the server accepts (its fast errors may not lower the delay, but
+    nothing raises it either); with backoff on (the default) the crawl slows
+    to what the server accepts."""
+    base = ScopePolicy(concurrency=8, delay=0.0, slot_delay=0.0, autothrottle=AutoThrottle())
+    errors_alone, ok_alone = await _fast_429_run(attrs.evolve(base, backoff=None))
+    errors_ours, ok_ours = await _fast_429_run(base)
+    assert errors_alone >= 0.4 * (errors_alone + ok_alone), (errors_alone, ok_alone)
+    assert errors_ours <= 0.05 * (errors_ours + ok_ours), (errors_ours, ok_ours)
+    assert ok_ours >= 0.8 * 300  # still useful throughput (the server allows 1/s)
+
+
+@pytest.mark.anyio
+async def test_rampup_settles_against_fixed_capacity() -> None:
+    policy = ScopePolicy(
+        concurrency=1, delay=1.0, slot_delay=0.0, rampup=Rampup(target=1, window=30.0)
+    )
+    limiter = Limiter(default=policy, seed=4)
+    rungs: list[int] = []
+
+    async def watch() -> None:
+        while anyio.current_time() < 3000.0:
+            await anyio.sleep(30.0)
+            state = limiter._core.scopes[SCOPE].controllers[0]
+            rungs.append(state.rung)
+
+    log: list[Exchange] = []
+
+    async def run() -> None:
+        log.extend(
+            await crawl(limiter, QuotaServer(rate=10, retry_after=1.0), duration=3000.0, workers=16)
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        tg.start_soon(watch)
+    tail = rungs[-40:]
+    assert max(tail) - min(tail) <= 2, rungs  # settled, no endless swing
+    late = [x for x in log if x.sent >= 1800.0]
+    ok = sum(x.status == 200 for x in late) / 1200.0
+    errors = sum(x.status == 429 for x in late)
+    assert ok >= 0.8 * 10, ok  # close to the server's capacity
+    assert errors <= 0.02 * ok * 1200.0, errors  # < 2 % 429s
+
+
+# -- quotas -------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_cost_capped_api_reconciles_actual_cost() -> None:
+    """The seed's cost-capped API: estimate a cost up front, report the real one."""
+    limiter = Limiter(
+        scopes={"cost": ScopePolicy(concurrency=None, delay=0, slot_delay=0, quota=100.0)},
+        default=ScopePolicy(concurrency=None, delay=0, slot_delay=0),
+    )
+
+    def resolver(request: str) -> dict[str, float]:
+        return throttlekit.scopes.add_scope(throttlekit.scopes.by_host(request), "cost", 10.0)
+
+    limiter.resolver = resolver
+    async with limiter.acquire(URL) as permit:
+        assert permit.scopes == {SCOPE: 1.0, "cost": 10.0}
+        permit.record(status=200, consumed={"cost": 25.0})
+    stats = limiter.statistics().scopes["cost"]
+    assert stats.quota_used == 25.0
+    assert stats.quota_left == 75.0
+    sends = []
+    for _ in range(8):
+        async with limiter.acquire(URL):
+            sends.append(anyio.current_time())
+    # 25 + 7 * 10 = 95 fits; the 8th (105) waits for the window to roll.
+    assert sends[:7] == [sends[0]] * 7
+    assert sends[7] == pytest.approx(60.0)
+
+
+# -- Crawl-Delay ----------------------------------------------------------------
+
+
+def test_crawl_delay(caplog: pytest.LogCaptureFixture) -> None:
+    explicit = ScopePolicy(concurrency=8, delay=0.1)
+    quiet = ScopePolicy(concurrency=8, delay=0.1, ignore_robots_txt=True)
+    limiter = Limiter(scopes={"mine.test": explicit, "quiet.test": quiet})
+    limiter.set_crawl_delay("a.test", 5.0)
+    assert (limiter.policy("a.test").concurrency, limiter.policy("a.test").delay) == (1, 5.0)
+    limiter.set_crawl_delay("b.test", 600.0)
+    assert limiter.policy("b.test").delay == 60.0  # THROTTLING_ROBOTSTXT_MAX_DELAY
+    limiter.set_crawl_delay("a.test", 2.0)  # robots.txt changed: follow it
+    assert limiter.policy("a.test").delay == 2.0
+    with caplog.at_level(logging.WARNING, logger="throttlekit"):
+        limiter.set_crawl_delay("mine.test", 5.0)
+        limiter.set_crawl_delay("mine.test", 5.0)
+        limiter.set_crawl_delay("quiet.test", 5.0)
+        limiter.set_crawl_delay("c.test", -1.0)
+        limiter.set_crawl_delay("d.test", math.nan)
+    assert limiter.policy("mine.test") is explicit
+    warnings = [m for m in caplog.messages if "Crawl-Delay 5.0 s on mine.test" in m]
+    assert len(warnings) == 1
+    assert not any("quiet.test" in m for m in caplog.messages)
+    assert sum("ignoring invalid Crawl-Delay" in m for m in caplog.messages) == 2
+    assert limiter.policy("c.test") == limiter.default
+    with pytest.raises(TypeError, match="seconds"):
+        limiter.set_crawl_delay("a.test", "5")  # type: ignore[arg-type]
+    small = Limiter.from_settings({"THROTTLING_ROBOTSTXT_MAX_DELAY": 3})
+    small.set_crawl_delay("a.test", 10)
+    assert small.policy("a.test").delay == 3.0
+
+
+# -- settings and custom controllers ------------------------------------------------
+
+
+class HalfSpeed:
+    """A custom controller: doubles the policy delay after any 5xx."""
+
+    concurrency = None
+    blocked_until = -math.inf
+
+    def __init__(self, policy: ScopePolicy) -> None:
+        self.policy = policy
+        self.delay = 0.0
+
+    def on_send(self, now: float) -> None:
+        return None
+
+    def on_feedback(self, feedback: Feedback, now: float) -> None:
+        if feedback.status is not None and feedback.status >= 500:
+            self.delay = max(self.delay, self.policy.delay * 2)
+
+
+def test_settings_controller_keys() -> None:
+    limiter = Limiter.from_settings(
+        {
+            "BACKOFF_MAX_DELAY": 120,
+            "BACKOFF_HTTP_CODES": [429, 503],
+            "RAMPUP_BACKOFF_TARGET": [1, 3],
+            "THROTTLING_SCOPES": {
+                "api.test": {"rampup": True, "backoff": {"max_delay": 30, "jitter": [0, 0.2]}},
+                "nobackoff.test": {"backoff": False},
+                "custom.test": {"manager": f"{__name__}.HalfSpeed", "delay": 0.5},
+            },
+        }
+    )
+    assert limiter.default.backoff is not None
+    assert limiter.default.backoff.max_delay == 120.0
+    assert limiter.default.backoff.http_codes == frozenset({429, 503})
+    api = limiter.policy("api.test")
+    assert api.rampup == Rampup(target=(1, 3))
+    assert api.backoff is not None
+    assert (api.backoff.max_delay, api.backoff.jitter) == (30.0, (0.0, 0.2))
+    assert limiter.policy("nobackoff.test").backoff is None
+    assert limiter.policy("custom.test").controllers == (HalfSpeed,)
+    with pytest.raises(ValueError, match=r"THROTTLING_SCOPES\['x'\]\['backoff'\].*unknown key"):
+        Limiter.from_settings({"THROTTLING_SCOPES": {"x": {"backoff": {"nope": 1}}}})
+    with pytest.raises(ValueError, match=r"BACKOFF_DELAY_FACTOR|delay_factor"):
+        Limiter.from_settings({"BACKOFF_DELAY_FACTOR": 0.5})
+    with pytest.raises(ValueError, match="cannot import"):
+        Limiter.from_settings({"THROTTLING_SCOPES": {"x": {"manager": "no.such.Thing"}}})
+
+
+@pytest.mark.anyio
+async def test_custom_controller_moves_the_delay() -> None:
+    policy = ScopePolicy(delay=0.5, slot_delay=0, controllers=(HalfSpeed,), backoff=None)
+    limiter = Limiter(default=policy)
+    sends = []
+    for status in (200, 500, 200, 200):
+        async with limiter.acquire(URL) as permit:
+            sends.append(anyio.current_time())
+            permit.record(status=status)
+    gaps = [b - a for a, b in itertools.pairwise(sends)]
+    assert gaps == pytest.approx([0.5, 1.0, 1.0])  # the new delay counts from the 500
