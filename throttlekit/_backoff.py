@@ -28,8 +28,8 @@ DEFAULT_BACKOFF_HTTP_CODES: frozenset[int] = frozenset(
 )
 
 #: Exceptions that mean the server (or the path to it) is struggling: timeouts
-#: and dropped connections of the standard library, httpx, aiohttp and Twisted
-#: (Scrapy). Strings are import paths; ones that cannot be imported are skipped.
+#: and dropped connections of the standard library, httpx, aiohttp, Twisted and
+#: Scrapy. Strings are import paths; ones that cannot be imported are skipped.
 DEFAULT_BACKOFF_EXCEPTIONS: tuple[str, ...] = (
     "builtins.TimeoutError",
     "builtins.ConnectionError",
@@ -46,6 +46,10 @@ DEFAULT_BACKOFF_EXCEPTIONS: tuple[str, ...] = (
     "twisted.internet.error.ConnectionRefusedError",
     "twisted.internet.error.ConnectionLost",
     "twisted.web.client.ResponseFailed",
+    "scrapy.exceptions.DownloadTimeoutError",
+    "scrapy.exceptions.DownloadConnectionRefusedError",
+    "scrapy.exceptions.DownloadFailedError",
+    "scrapy.exceptions.ResponseDataLossError",
 )
 
 _RESOLVED: dict[str, type[BaseException] | None] = {}
