@@ -660,11 +660,6 @@ def test_scope_idle_less_than_max_idle_keeps_its_state() -> None:
     assert core.next_wake() == 5.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="eviction by max_idle drops a scope whose quota window is still open "
-    "(window > max_idle), so the quota is granted again",
-)
 def test_eviction_does_not_forget_an_open_quota_window() -> None:
     core = Scheduler(
         default=ScopePolicy(concurrency=1, delay=0, slot_delay=0, quota=1.0, window=86_400.0),
@@ -839,7 +834,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert ledger.waiting == sum(ledger in t.ledgers for t in waiting), name
             assert ledger.idle == (ledger.in_flight == 0 and ledger.waiting == 0), name
             if ledger.policy.quota is not None:
-                ledger._expire(self.now)
+                ledger.expire(self.now)
                 live = sum(
                     self.costs[t.seq][name]
                     for t in self.all

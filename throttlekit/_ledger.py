@@ -208,7 +208,8 @@ class ScopeLedger:
                 ready = quota_ready
         return ready
 
-    def _expire(self, now: float) -> None:
+    def expire(self, now: float) -> None:
+        """Drop quota entries whose window has passed."""
         log = self.quota_log
         if not log:
             return
@@ -223,7 +224,7 @@ class ScopeLedger:
     def _quota_ready(self, cost: float, now: float) -> float:
         quota = self.policy.quota
         assert quota is not None
-        self._expire(now)
+        self.expire(now)
         excess = self.quota_used + cost - quota
         if excess <= _EPSILON:
             return -INF

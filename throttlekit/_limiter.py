@@ -472,7 +472,7 @@ class Limiter:
         scopes = {}
         for ledger in core.iter_scopes():
             if ledger.policy.quota is not None:
-                ledger._expire(now)
+                ledger.expire(now)
             scopes[ledger.name] = ScopeStatistics.from_ledger(ledger, now)
         return LimiterStatistics(
             in_flight=core.gate.in_flight,

@@ -179,16 +179,25 @@ class Scheduler:
         """Drop idle scopes past ``max_idle``, and the longest idle above ``max_scopes``.
 
         ``keep`` (just created for the request at hand) are the newest idle
-        scopes, so reaching one of them ends the sweep.
+        scopes, so reaching one of them ends the sweep. A scope whose quota
+        window still holds sends is kept (moved to the back), since dropping
+        it would hand out that quota again.
         """
         idle = self._idle
         horizon = now - self.max_idle
-        while idle:
+        spared = 0
+        while idle and spared < len(idle):
             name, ledger = next(iter(idle.items()))
             if ledger in keep or (
                 len(self.scopes) <= self.max_scopes and ledger.idle_since > horizon
             ):
                 break
+            if ledger.quota_log:
+                ledger.expire(now)
+                if ledger.quota_log:
+                    idle.move_to_end(name)
+                    spared += 1
+                    continue
             del idle[name]
             del self.scopes[name]
             ledger.idle = False
