@@ -1,0 +1,54 @@
+"""Run one real Scrapy crawl described by a JSON file; write what happened to another.
+
+Usage: ``python run_crawl.py plan.json result.json``
+
+``plan.json`` holds ``settings`` (Scrapy settings), ``requests`` (the
+:class:`loopback.PlanSpider` plan) and optionally ``sweep_interval`` (seconds
+between the middleware's checks for leaked permits). ``result.json`` gets the
+final ``stats`` and the spider's ``outcomes``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from loopback import PlanSpider
+from scrapy.crawler import CrawlerProcess
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def main() -> None:
+    plan = json.loads(Path(sys.argv[1]).read_text())
+    if "sweep_interval" in plan:
+        import throttlekit.adapters.scrapy as adapter
+
+        adapter.SWEEP_INTERVAL = plan["sweep_interval"]
+    settings = {
+        "TWISTED_DNS_RESOLVER": "loopback.LoopbackResolver",
+        "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+        "LOG_LEVEL": "INFO",
+        "TELNETCONSOLE_ENABLED": False,
+        **plan["settings"],
+    }
+    process = CrawlerProcess(settings)
+    crawler = process.create_crawler(PlanSpider)
+    process.crawl(crawler, plan=plan["requests"])
+    process.start()
+    stats = crawler.stats.get_stats() if crawler.stats else {}
+    result = {
+        "stats": {key: _jsonable(value) for key, value in stats.items()},
+        "outcomes": crawler.spider.outcomes if crawler.spider else [],
+    }
+    Path(sys.argv[2]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

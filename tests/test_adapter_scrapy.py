@@ -1,0 +1,575 @@
+"""throttlekit.adapters.scrapy: real Scrapy crawls of a local multi-host site.
+
+Each crawl runs in a subprocess (``tests/scrapy_project/run_crawl.py``: a
+``CrawlerProcess`` on the asyncio reactor) against the recording server of
+``tests/_server.py``. Host names ``*.test`` resolve to 127.0.0.1 through a
+custom ``TWISTED_DNS_RESOLVER``, so every host is its own Scrapy download slot
+and its own throttlekit scope (``a.test:<port>``), exactly as real hosts would
+be. Assertions read the server's records: arrival times and requests in
+flight per host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from _server import Hang, Hit, LocalServer, Reply, Script, describe
+from scrapy import Spider
+from scrapy.crawler import Crawler
+from scrapy.exceptions import NotConfigured
+from scrapy.settings import Settings
+from scrapy.statscollectors import MemoryStatsCollector
+
+from throttlekit import Limiter, ScopePolicy, scopes
+from throttlekit.adapters.scrapy import ThrottlingMiddleware, limiter_from_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = ROOT / "tests" / "scrapy_project" / "run_crawl.py"
+MIDDLEWARE = {"throttlekit.adapters.scrapy.ThrottlingMiddleware": 950}
+
+#: How much earlier than the limiter's spacing the server may see two
+#: arrivals (the client's event loop and the server's thread on a busy machine).
+SLACK = 0.03
+
+#: Settings that make throttling exact for the assertions: no jitter, no
+#: per-slot delay unless a test asks for one.
+EXACT = {
+    "DOWNLOADER_MIDDLEWARES": MIDDLEWARE,
+    "DOWNLOAD_DELAY_JITTER": 0,
+    "DOWNLOAD_DELAY_PER_SLOT": 0,
+}
+
+
+@attrs.frozen
+class Crawl:
+    """What a crawl left behind: Scrapy's stats, the spider's outcomes, the log."""
+
+    stats: dict[str, Any]
+    outcomes: list[dict[str, Any]]
+    log: str
+
+    def statuses(self) -> list[int]:
+        return sorted(outcome["status"] for outcome in self.outcomes if "status" in outcome)
+
+    def failures(self) -> list[str]:
+        return sorted(outcome["exception"] for outcome in self.outcomes if "exception" in outcome)
+
+
+@pytest.fixture
+def server() -> Iterator[LocalServer]:
+    with LocalServer() as running:
+        running.route(behaviour=Reply(latency=0.05))
+        yield running
+
+
+def crawl(
+    server: LocalServer,
+    tmp_path: Path,
+    settings: dict[str, Any],
+    urls: list[str | dict[str, Any]],
+    *,
+    sweep_interval: float | None = None,
+) -> Crawl:
+    """Crawl ``urls`` (paths like ``"a.test/p1"``, or request dicts) in a subprocess."""
+    requests = []
+    for entry in urls:
+        request = {"url": entry} if isinstance(entry, str) else dict(entry)
+        request["url"] = f"http://{request['url'].replace('/', f':{server.port}/', 1)}"
+        requests.append(request)
+    plan: dict[str, Any] = {"settings": settings, "requests": requests}
+    if sweep_interval is not None:
+        plan["sweep_interval"] = sweep_interval
+    number = len(list(tmp_path.glob("plan-*.json")))
+    plan_file = tmp_path / f"plan-{number}.json"
+    result_file = tmp_path / f"result-{number}.json"
+    plan_file.write_text(json.dumps(plan))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    process = subprocess.run(
+        [sys.executable, str(RUNNER), str(plan_file), str(result_file)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert process.returncode == 0, process.stderr[-5000:]
+    assert result_file.exists(), process.stderr[-5000:]
+    result = json.loads(result_file.read_text())
+    server.wait_idle()
+    return Crawl(stats=result["stats"], outcomes=result["outcomes"], log=process.stderr)
+
+
+def scope(server: LocalServer, host: str) -> str:
+    """The throttlekit scope of a host of the local server (host plus its port)."""
+    return f"{host}:{server.port}"
+
+
+def arrivals(server: LocalServer, host: str, path: str | None = None) -> list[float]:
+    return [hit.arrived for hit in server.hits(host, path)]
+
+
+def table(hits: list[Hit]) -> str:
+    return describe(sorted(hits, key=lambda hit: hit.arrived))
+
+
+# -- the documented settings -------------------------------------------------------------
+
+
+def documented_settings() -> dict[str, Any]:
+    """Run the settings example of docs/scrapy.rst and return the settings it defines."""
+    text = (ROOT / "docs" / "scrapy.rst").read_text()
+    blocks = re.findall(r"\.\. code-block:: python\n((?:\n|    .*\n)+)", text)
+    example = next(block for block in blocks if "# settings.py" in block)
+    namespace: dict[str, Any] = {}
+    exec(
+        compile("\n".join(line[4:] for line in example.splitlines()), "scrapy.rst", "exec"),
+        namespace,
+    )
+    return {name: value for name, value in namespace.items() if name.isupper()}
+
+
+def test_documented_settings_throttle_each_host(server: LocalServer, tmp_path: Path) -> None:
+    settings = documented_settings()
+    assert settings["DOWNLOADER_MIDDLEWARES"] == MIDDLEWARE
+    per_host = settings["CONCURRENT_REQUESTS_PER_DOMAIN"]
+    delay = settings["DOWNLOAD_DELAY"]
+    result = crawl(
+        server, tmp_path, settings, [f"{host}.test/{n}" for n in range(5) for host in "ab"]
+    )
+    assert result.statuses() == [200] * 10
+    for host in ("a.test", "b.test"):
+        hits = server.hits(host)
+        assert server.max_in_flight(host) <= per_host, table(hits)
+        # Scrapy's default DOWNLOAD_DELAY_JITTER (0.5) applies: x0.5 .. x1.5.
+        assert min(server.gaps(host)) >= 0.5 * delay - SLACK, table(hits)
+    assert result.stats["throttlekit/request_count"] == 10
+    assert result.stats["throttlekit/response_status_count/200"] == 10
+
+
+# -- per-host throttling, seen by the server -----------------------------------------------
+
+
+def test_per_host_limits_replace_scrapys_own(server: LocalServer, tmp_path: Path) -> None:
+    settings = {
+        **EXACT,
+        "CONCURRENT_REQUESTS": 16,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 0.25,
+        "THROTTLING_SCOPES": {
+            scope(server, "b.test"): {"concurrency": 3, "delay": 0},
+            scope(server, "c.test"): {"concurrency": 2, "delay": 0.1, "slot_delay": 0.4},
+        },
+    }
+    server.route("b.test", behaviour=Reply(latency=0.15))
+    urls = [f"{host}.test/{n}" for n in range(6) for host in "abc"]
+    result = crawl(server, tmp_path, settings, urls)
+    assert result.statuses() == [200] * 18
+
+    # a.test: the default policy from CONCURRENT_REQUESTS_PER_DOMAIN / DOWNLOAD_DELAY.
+    hits = server.hits("a.test")
+    assert server.max_in_flight("a.test") == 1, table(hits)
+    assert min(server.gaps("a.test")) >= 0.25 - SLACK, table(hits)
+
+    # b.test: concurrency 3 and no delay although Scrapy's settings say 1 and
+    # 0.25 s: Scrapy's download slot neither caps nor delays it (no stacking).
+    hits = server.hits("b.test")
+    assert server.max_in_flight("b.test") == 3, table(hits)
+    assert min(server.gaps("b.test")) < 0.1, table(hits)
+
+    # c.test: 2 slots, 0.1 s between any two sends, 0.4 s between sends of a slot.
+    hits = server.hits("c.test")
+    times = arrivals(server, "c.test")
+    assert server.max_in_flight("c.test") <= 2, table(hits)
+    assert min(server.gaps("c.test")) >= 0.1 - SLACK, table(hits)
+    assert min(later - earlier for earlier, later in zip(times, times[2:], strict=False)) >= (
+        0.4 - SLACK
+    ), table(hits)
+
+    stats = result.stats
+    assert stats["throttlekit/request_count"] == 18
+    assert stats["throttlekit/waited_requests"] >= 10
+    assert stats["throttlekit/wait_time_total"] > 1.0
+    assert stats["throttlekit/response_status_count/200"] == 18
+    assert "throttlekit/backoff_signals" not in stats
+
+
+# -- waiting requests and CONCURRENT_REQUESTS -------------------------------------------------
+
+STARVATION_SETTINGS = {
+    **EXACT,
+    "CONCURRENT_REQUESTS": 4,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+    "DOWNLOAD_DELAY": 0,
+}
+
+
+def slow_and_fast(server: LocalServer) -> tuple[dict[str, Any], list[str | dict[str, Any]]]:
+    """8 requests to a slow host (one every 0.4 s) scheduled before 12 to a fast one."""
+    settings = {
+        **STARVATION_SETTINGS,
+        "THROTTLING_SCOPES": {scope(server, "a.test"): {"concurrency": 1, "delay": 0.4}},
+    }
+    slow: list[str | dict[str, Any]] = [{"url": f"a.test/{n}", "priority": 1} for n in range(8)]
+    fast: list[str | dict[str, Any]] = [f"b.test/{n}" for n in range(12)]
+    return settings, slow + fast
+
+
+@pytest.mark.parametrize(
+    "queue",
+    ["scrapy.pqueues.ScrapyPriorityQueue", "scrapy.pqueues.DownloaderAwarePriorityQueue"],
+)
+def test_requests_waiting_on_a_slow_host_do_not_starve_others(
+    server: LocalServer, tmp_path: Path, queue: str
+) -> None:
+    settings, urls = slow_and_fast(server)
+    settings["SCHEDULER_PRIORITY_QUEUE"] = queue
+    result = crawl(server, tmp_path, settings, urls)
+    assert result.statuses() == [200] * 20
+    slow, fast = arrivals(server, "a.test"), arrivals(server, "b.test")
+    hits = server.hits()
+    # The slow host sends one request every 0.4 s ...
+    assert server.max_in_flight("a.test") == 1, table(hits)
+    assert min(server.gaps("a.test")) >= 0.4 - SLACK, table(hits)
+    # ... while the fast host is served in full before its third request.
+    assert max(fast) < slow[2], table(hits)
+    assert server.max_in_flight("b.test") >= 2, table(hits)
+    # Many slow-host requests were waiting for a permit meanwhile.
+    assert result.stats["throttlekit/max_waiting"] >= 5
+
+
+def test_without_waiting_room_slow_hosts_take_every_seat(
+    server: LocalServer, tmp_path: Path
+) -> None:
+    """THROTTLING_MAX_WAITING = 0 is Scrapy's own accounting: the control experiment."""
+    settings, urls = slow_and_fast(server)
+    settings["SCHEDULER_PRIORITY_QUEUE"] = "scrapy.pqueues.ScrapyPriorityQueue"
+    settings["THROTTLING_MAX_WAITING"] = 0
+    result = crawl(server, tmp_path, settings, urls)
+    assert result.statuses() == [200] * 20
+    slow, fast = arrivals(server, "a.test"), arrivals(server, "b.test")
+    # The 4 CONCURRENT_REQUESTS seats hold slow-host requests until the
+    # scheduler has no more of them: the fast host waits behind the slow one.
+    assert min(fast) > slow[3], table(server.hits())
+    assert result.stats["throttlekit/max_waiting"] <= 4
+
+
+# -- the HTTP cache -----------------------------------------------------------------------------
+
+
+def test_cache_hits_do_not_wait(server: LocalServer, tmp_path: Path) -> None:
+    settings = {
+        **EXACT,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 0.3,
+        "HTTPCACHE_ENABLED": True,
+        "HTTPCACHE_DIR": str(tmp_path / "cache"),
+    }
+    urls: list[str | dict[str, Any]] = [f"a.test/{n}" for n in range(5)]
+    first = crawl(server, tmp_path, settings, urls)
+    assert first.statuses() == [200] * 5
+    assert min(server.gaps("a.test")) >= 0.3 - SLACK
+    assert first.stats["throttlekit/request_count"] == 5
+    assert first.stats["httpcache/miss"] == 5
+
+    second = crawl(server, tmp_path, settings, urls)
+    assert second.statuses() == [200] * 5
+    assert len(server.hits()) == 5  # nothing new reached the server
+    assert second.stats["httpcache/hit"] == 5
+    assert not any(key.startswith("throttlekit/") for key in second.stats), second.stats
+    times = sorted(outcome["at"] for outcome in second.outcomes)
+    assert times[-1] - times[0] < 0.3, second.outcomes
+    assert all("cached" in outcome["flags"] for outcome in second.outcomes)
+
+
+# -- robots.txt Crawl-delay ---------------------------------------------------------------------
+
+
+def test_robots_txt_crawl_delay_applies_to_its_host(server: LocalServer, tmp_path: Path) -> None:
+    server.route("c.test", "/robots.txt", Reply(body=b"User-agent: *\nCrawl-delay: 0.5\n"))
+    server.route("d.test", "/robots.txt", Reply(body=b"User-agent: *\nDisallow: /private\n"))
+    settings = {
+        **EXACT,
+        "ROBOTSTXT_OBEY": True,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "DOWNLOAD_DELAY": 0,
+    }
+    urls = [f"{host}.test/{n}" for n in range(4) for host in "cd"] + ["d.test/private"]
+    result = crawl(server, tmp_path, settings, urls)
+    assert result.statuses() == [200] * 8
+    assert result.failures() == ["scrapy.exceptions.IgnoreRequest"]
+
+    hits = server.hits("c.test")
+    assert hits[0].path == "/robots.txt"
+    assert server.max_in_flight("c.test") == 1, table(hits)
+    # Every send, robots.txt included, is 0.5 s from the previous one.
+    assert min(server.gaps("c.test")) >= 0.5 - SLACK, table(hits)
+
+    hits = server.hits("d.test")
+    assert server.max_in_flight("d.test") > 1, table(hits)
+    assert result.stats["throttlekit/robotstxt_crawl_delay"] == 1
+
+
+# -- feedback: Retry-After, backoff, timeouts -----------------------------------------------------
+
+
+def test_retry_after_blocks_the_host(server: LocalServer, tmp_path: Path) -> None:
+    server.route(
+        "e.test",
+        behaviour=Script(Reply(status=429, headers={"Retry-After": "1"}), then=Reply(latency=0.02)),
+    )
+    settings = {
+        **EXACT,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        "DOWNLOAD_DELAY": 0,
+        "BACKOFF_MIN_DELAY": 0.1,
+        "BACKOFF_JITTER": 0,
+    }
+    result = crawl(server, tmp_path, settings, [f"e.test/{n}" for n in range(4)])
+    # The 429 was retried by Scrapy's RetryMiddleware and then succeeded.
+    assert result.statuses() == [200] * 4
+    hits = server.hits("e.test")
+    assert [hit.status for hit in hits].count(429) == 1, table(hits)
+    rejected = next(hit for hit in hits if hit.status == 429)
+    later = [hit.arrived for hit in hits if hit.arrived > rejected.arrived]
+    # Nothing is sent for the second the server asked for (a request already
+    # in flight when the 429 was sent may arrive right after it).
+    assert all(t >= rejected.arrived + 1.0 - SLACK for t in later[1:]), table(hits)
+    assert min(later[1:]) >= rejected.arrived + 1.0 - SLACK, table(hits)
+    # Then backoff keeps at least its first step (0.1 s) between sends.
+    times = sorted(later[1:])
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 0.1 - SLACK, table(hits)
+    assert result.stats["throttlekit/backoff_signals"] == 1
+    assert result.stats["throttlekit/response_status_count/429"] == 1
+
+
+def test_timeouts_are_recorded_and_release_the_permit(server: LocalServer, tmp_path: Path) -> None:
+    server.route("f.test", "/hang", Hang())
+    settings = {
+        **EXACT,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 0,
+        "DOWNLOAD_TIMEOUT": 0.5,
+        "RETRY_ENABLED": False,
+        "BACKOFF_MIN_DELAY": 1.0,
+        "BACKOFF_JITTER": 0,
+    }
+    urls: list[str | dict[str, Any]] = [{"url": "f.test/hang", "priority": 1}, "f.test/ok"]
+    result = crawl(server, tmp_path, settings, urls)
+    assert result.statuses() == [200]
+    assert result.failures() == ["scrapy.exceptions.DownloadTimeoutError"]
+    hits = server.hits("f.test")
+    assert [hit.path for hit in hits] == ["/hang", "/ok"], table(hits)
+    # The permit came back when the download timed out (concurrency 1), and
+    # the timeout made the host back off: its first step, 1 s between sends.
+    assert hits[1].arrived - hits[0].arrived >= 1.0 - SLACK, table(hits)
+    stats = result.stats
+    assert stats["throttlekit/exception_count/scrapy.exceptions.DownloadTimeoutError"] == 1
+    assert stats["throttlekit/backoff_signals"] == 1
+
+
+# -- permits never leak ------------------------------------------------------------------------
+
+
+def test_no_permit_leaks_past_later_middlewares(server: LocalServer, tmp_path: Path) -> None:
+    settings = {
+        **EXACT,
+        "DOWNLOADER_MIDDLEWARES": {
+            **MIDDLEWARE,
+            "loopback.BounceMiddleware": 960,
+            "loopback.IgnoreMiddleware": 970,
+        },
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 0,
+    }
+    urls: list[str | dict[str, Any]] = [
+        {"url": "g.test/bounced", "meta": {"bounce": True}},
+        {"url": "g.test/ignored", "meta": {"ignore": True}},
+        "g.test/1",
+        "g.test/2",
+    ]
+    result = crawl(server, tmp_path, settings, urls, sweep_interval=0.2)
+    # The bounced request's permit was taken back when it left the downloader
+    # (concurrency 1: nothing else could have been sent otherwise); the
+    # ignored one released its permit in process_exception.
+    assert sorted(hit.path for hit in server.hits("g.test")) == ["/1", "/2", "/bounced"]
+    assert result.statuses() == [200] * 3
+    assert result.failures() == ["scrapy.exceptions.IgnoreRequest"]
+    assert result.stats["throttlekit/released_unfinished"] == 1
+    assert "loopback.BounceMiddleware" in result.log
+    assert "give ThrottlingMiddleware the highest order" in result.log
+
+
+# -- AutoThrottle and configuration errors ------------------------------------------------------
+
+
+def test_autothrottle_settings_drive_throttlekits_controller(
+    server: LocalServer, tmp_path: Path
+) -> None:
+    settings = {
+        **EXACT,
+        "AUTOTHROTTLE_ENABLED": True,
+        "AUTOTHROTTLE_START_DELAY": 0.5,
+        "AUTOTHROTTLE_MAX_DELAY": 2.0,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "DOWNLOAD_DELAY": 0,
+    }
+    result = crawl(server, tmp_path, settings, [f"a.test/{n}" for n in range(3)])
+    assert result.statuses() == [200] * 3
+    assert "Scrapy's AutoThrottle extension has no effect" in result.log
+    # throttlekit's AutoThrottle starts the scope at AUTOTHROTTLE_START_DELAY
+    # and moves it halfway to the latency (0.05 s) with the first response,
+    # as Scrapy's does; DOWNLOAD_DELAY alone would send all three at once.
+    assert server.gaps("a.test")[0] >= (0.5 + 0.05) / 2 - SLACK, table(server.hits())
+
+
+def test_a_reactor_without_asyncio_is_refused(server: LocalServer, tmp_path: Path) -> None:
+    settings = {**EXACT, "TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor"}
+    result = crawl(server, tmp_path, settings, ["a.test/1"])
+    assert "RuntimeError: throttlekit's Scrapy middleware needs asyncio" in result.log
+    assert result.stats == {}
+    assert server.hits() == []
+
+
+# -- building the limiter from Scrapy settings (in process, no crawl) ---------------------------
+
+
+def test_limiter_from_scrapy_settings() -> None:
+    settings = Settings(
+        {
+            "CONCURRENT_REQUESTS": 32,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 3,
+            "DOWNLOAD_DELAY": 0.5,
+            "DOWNLOAD_DELAY_JITTER": 0.2,
+            # as given on the command line: -s THROTTLING_SCOPES='{...}'
+            "THROTTLING_SCOPES": '{"api.example": {"concurrency": 8, "delay": 0.1}}',
+            "THROTTLING_RESOLVER": "throttlekit.scopes.by_registrable_domain",
+            "BACKOFF_MAX_DELAY": 30,
+        }
+    )
+    limiter = limiter_from_settings(settings)
+    assert limiter.default.concurrency == 3
+    assert limiter.default.delay == 0.5
+    assert limiter.default.jitter == (-0.2, 0.2)
+    assert limiter.default.backoff is not None
+    assert limiter.default.backoff.max_delay == 30.0
+    assert limiter.policy("api.example").concurrency == 8
+    assert limiter.policy("api.example").delay == 0.1
+    assert limiter.resolver is scopes.by_registrable_domain
+    assert limiter.statistics().concurrency == 32
+
+
+def test_scrapy_jitter_settings() -> None:
+    assert limiter_from_settings(Settings()).default.jitter == (-0.5, 0.5)
+    wide = Settings({"DOWNLOAD_DELAY_JITTER": 1.5})
+    assert limiter_from_settings(wide).default.jitter == (-0.99, 1.5)
+    # The deprecated RANDOMIZE_DOWNLOAD_DELAY wins when set at a higher priority.
+    old = Settings({"RANDOMIZE_DOWNLOAD_DELAY": False})
+    assert limiter_from_settings(old).default.jitter == (0.0, 0.0)
+    with pytest.raises(ValueError, match="DOWNLOAD_DELAY_JITTER"):
+        limiter_from_settings(Settings({"DOWNLOAD_DELAY_JITTER": "lots"}))
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "match"),
+    [
+        ({"THROTTLING_RESOLVER": "throttlekit.scopes.nothing"}, ValueError, "THROTTLING_RESOLVER"),
+        ({"THROTTLING_RESOLVER": 42}, TypeError, "THROTTLING_RESOLVER"),
+        ({"THROTTLING_SCOPES": "{not json"}, ValueError, "THROTTLING_SCOPES"),
+        ({"DOWNLOAD_DELAY": "soon"}, ValueError, "DOWNLOAD_DELAY"),
+        ({"THROTTLING_SCOPES": {"a": {"speed": 1}}}, ValueError, "speed"),
+    ],
+)
+def test_bad_settings_name_the_setting(
+    settings: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        limiter_from_settings(Settings(settings))
+
+
+def crawler_with(settings: dict[str, Any]) -> Crawler:
+    crawler = Crawler(Spider, settings)
+    crawler.stats = MemoryStatsCollector(crawler)
+    return crawler
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"], indirect=True)
+@pytest.mark.anyio
+async def test_middleware_configuration(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(NotConfigured):
+        ThrottlingMiddleware.from_crawler(crawler_with({"THROTTLING_ENABLED": False}))
+    with pytest.raises(ValueError, match="THROTTLING_MAX_WAITING"):
+        ThrottlingMiddleware(crawler_with({"THROTTLING_MAX_WAITING": -1}))
+
+    middleware = ThrottlingMiddleware(crawler_with({"CONCURRENT_REQUESTS": 8}))
+    assert middleware.max_waiting == 32
+    assert middleware.limiter.statistics().concurrency == 8
+
+    shared = Limiter(default=ScopePolicy(concurrency=2))
+    factory = f"{__name__}.shared_limiter"
+    SHARED.append(shared)
+    middleware = ThrottlingMiddleware(crawler_with({"THROTTLING_LIMITER": factory}))
+    assert middleware.limiter is shared
+    with pytest.raises(TypeError, match="THROTTLING_LIMITER"):
+        ThrottlingMiddleware(crawler_with({"THROTTLING_LIMITER": lambda crawler: "limiter"}))
+
+    with caplog.at_level(logging.WARNING, logger="throttlekit.adapters.scrapy"):
+        ThrottlingMiddleware(
+            crawler_with({"AUTOTHROTTLE_ENABLED": True, "DOWNLOAD_SLOTS": {"a.test": {"delay": 2}}})
+        )
+    messages = " ".join(record.getMessage() for record in caplog.records)
+    assert "AUTOTHROTTLE_ENABLED" in messages
+    assert "DOWNLOAD_SLOTS" in messages
+
+
+SHARED: list[Limiter] = []
+
+
+def shared_limiter(crawler: Crawler) -> Limiter:
+    """A THROTTLING_LIMITER factory (the limiter a test put in SHARED)."""
+    return SHARED[-1]
+
+
+# -- optional dependency ----------------------------------------------------------------------
+
+BLOCK_SCRAPY = """
+import sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "scrapy" or name.startswith("scrapy."):
+            raise ImportError(f"No module named {name!r} (blocked)")
+        return None
+
+sys.meta_path.insert(0, Block())
+import throttlekit
+assert "scrapy" not in sys.modules
+try:
+    import throttlekit.adapters.scrapy
+except ImportError as exc:
+    print(exc)
+else:
+    raise SystemExit("imported without scrapy")
+"""
+
+
+def test_import_without_scrapy_names_the_extra() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCK_SCRAPY], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert 'pip install "throttlekit[scrapy]"' in result.stdout
