@@ -130,21 +130,27 @@ def table(hits: list[Hit]) -> str:
 # -- the documented settings -------------------------------------------------------------
 
 
-def documented_settings() -> dict[str, Any]:
-    """Run the settings example of docs/scrapy.rst and return the settings it defines."""
-    text = (ROOT / "docs" / "scrapy.rst").read_text()
+def documented_settings(document: str) -> dict[str, Any]:
+    """Run the ``# settings.py`` example of ``document`` and return the settings it defines."""
+    text = (ROOT / document).read_text()
     blocks = re.findall(r"\.\. code-block:: python\n((?:\n|    .*\n)+)", text)
     example = next(block for block in blocks if "# settings.py" in block)
     namespace: dict[str, Any] = {}
     exec(
-        compile("\n".join(line[4:] for line in example.splitlines()), "scrapy.rst", "exec"),
+        compile("\n".join(line[4:] for line in example.splitlines()), document, "exec"),
         namespace,
     )
     return {name: value for name, value in namespace.items() if name.isupper()}
 
 
+def test_readme_settings_are_those_of_the_docs() -> None:
+    readme = documented_settings("README.rst")
+    docs = documented_settings("docs/scrapy.rst")
+    assert readme == {name: docs[name] for name in readme}
+
+
 def test_documented_settings_throttle_each_host(server: LocalServer, tmp_path: Path) -> None:
-    settings = documented_settings()
+    settings = documented_settings("docs/scrapy.rst")
     assert settings["DOWNLOADER_MIDDLEWARES"] == MIDDLEWARE
     per_host = settings["CONCURRENT_REQUESTS_PER_DOMAIN"]
     delay = settings["DOWNLOAD_DELAY"]
