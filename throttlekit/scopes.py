@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -157,23 +158,18 @@ def _host_of(url: str) -> str:
     return host
 
 
+_NETLOC = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://([^/?#]*)")
+_ODD_NETLOC = re.compile(r"[@\[\] %\\\tA-Z]")
+
+
 def _fast_host(url: str) -> str | None:
     """The host of a plain ``scheme://host[:port]/...`` URL, or None for the odd cases."""
-    start = url.find("://")
-    if start < 0:
+    match = _NETLOC.match(url)
+    if match is None:
         return None
-    start += 3
-    end = len(url)
-    for sep in "/?#":
-        position = url.find(sep, start)
-        if 0 <= position < end:
-            end = position
-    netloc = url[start:end]
-    if not netloc or netloc.lower() != netloc or netloc.endswith("."):
+    netloc = match[2]
+    if not netloc or netloc[-1] == "." or _ODD_NETLOC.search(netloc):
         return None
-    for odd in "@[ %\\\t":
-        if odd in netloc:
-            return None
     if ":" in netloc:
         host, _, port = netloc.partition(":")
         if not host or not port.isdigit() or not port.isascii() or len(port) > 5:
@@ -181,7 +177,7 @@ def _fast_host(url: str) -> str | None:
         number = int(port)
         if number > 65535:
             return None
-        if number == _DEFAULT_PORTS.get(url[: start - 3].lower()):
+        if number == _DEFAULT_PORTS.get(match[1].lower()):
             return host
         return f"{host}:{number}"
     return netloc
