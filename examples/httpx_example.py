@@ -16,9 +16,9 @@ from throttlekit.adapters.httpx import ThrottledTransport
 
 
 async def crawl(urls: list[str], *, proxy: str | None = None) -> dict[str, int]:
-    """Fetch ``urls``: at most 2 requests per host at a time, sends 0.1 s apart per host."""
+    """Fetch ``urls``: at most 2 requests per host at a time, sends 0.25 s apart per host."""
     limiter = throttlekit.Limiter(
-        default=throttlekit.ScopePolicy(concurrency=2, delay=0.1, slot_delay=0),
+        default=throttlekit.ScopePolicy(concurrency=2, delay=0.25, slot_delay=0),
     )
     transport = ThrottledTransport(limiter, httpx.AsyncHTTPTransport(proxy=proxy, retries=1))
     statuses: dict[str, int] = {}

@@ -30,9 +30,10 @@ pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: How much earlier than the limiter's grant spacing two arrivals may be seen
-#: by the server (scheduling jitter on a busy machine).
-SLACK = 0.02
+#: How much closer than the limiter's grant spacing two arrivals may be seen
+#: by the server: the time from grant to arrival varies by a few ms, more for
+#: a request that opens a new connection on a busy machine.
+SLACK = 0.05
 
 #: Backoff that reacts within the time of a test: a small first step (its cap
 #: also caps Retry-After waits, so it stays above the 1 s the tests ask for).
@@ -74,8 +75,8 @@ def assert_idle(limiter: Limiter) -> None:
 
 
 async def test_per_host_concurrency_and_delay(server: LocalServer) -> None:
-    server.route(behaviour=Reply(latency=0.25))
-    limiter = Limiter(default=policy(concurrency=2, delay=0.1))
+    server.route(behaviour=Reply(latency=0.3))
+    limiter = Limiter(default=policy(concurrency=2, delay=0.2))
     hosts = ("a.test", "b.test", "c.test")
     urls = [f"http://{hosts[n % 3]}/page/{n}" for n in range(20)]
     statuses: list[int] = []
@@ -94,9 +95,9 @@ async def test_per_host_concurrency_and_delay(server: LocalServer) -> None:
         hits = server.hits(host)
         assert len(hits) in (6, 7)
         assert server.max_in_flight(host) == 2, describe(hits)
-        assert min(server.gaps(host)) >= 0.1 - SLACK, describe(hits)
+        assert min(server.gaps(host)) >= 0.2 - SLACK, describe(hits)
         # No head-of-line blocking: every host starts at once.
-        assert hits[0].arrived - started < 0.1, describe(server.hits())
+        assert hits[0].arrived - started < 0.2 - SLACK, describe(server.hits())
     assert_idle(limiter)
 
 
@@ -132,7 +133,7 @@ async def test_per_request_scopes_and_priority(server: LocalServer) -> None:
 async def test_redirects_are_throttled_per_hop(server: LocalServer) -> None:
     server.route("a.test", "/start", Redirect(location="/middle"))
     server.route("a.test", "/middle", Redirect(location="http://b.test/end"))
-    limiter = Limiter(default=policy(concurrency=1, delay=0.1))
+    limiter = Limiter(default=policy(concurrency=1, delay=0.2))
     async with httpx.AsyncClient(
         transport=transport(limiter, server), follow_redirects=True
     ) as http:
@@ -144,7 +145,7 @@ async def test_redirects_are_throttled_per_hop(server: LocalServer) -> None:
         ("a.test", "/middle"),
         ("b.test", "/end"),
     ]
-    assert server.gaps("a.test")[0] >= 0.1 - SLACK
+    assert server.gaps("a.test")[0] >= 0.2 - SLACK
     assert set(limiter.statistics().scopes) == {"a.test", "b.test"}
     assert_idle(limiter)
 
@@ -299,23 +300,23 @@ async def test_a_429_burst_slows_the_client_down(server: LocalServer) -> None:
     polite = await burst(QUICK_BACKOFF, "polite.test")
     assert blind.count(429) >= 10  # the server allows 3 per 0.3 s
     assert polite.count(429) < blind.count(429), describe(server.hits("polite.test"))
-    first_429 = polite.index(429)
-    # Requests sent before the first 429 came back may arrive together; every
-    # later one waits at least the first backoff step, and the step grows.
-    gaps = server.gaps("polite.test")[first_429 + 2 :]
-    assert min(gaps) >= QUICK_BACKOFF.min_delay - SLACK, describe(server.hits("polite.test"))
-    assert gaps[-1] >= 2 * QUICK_BACKOFF.min_delay - SLACK, describe(server.hits("polite.test"))
+    # Backoff stepped the delay up (0.05 s, then doubling) until the 429s
+    # stopped: the client ends up sending well below the server's 10/s.
+    settled = server.gaps("polite.test")[-5:]
+    assert min(settled) >= 2 * QUICK_BACKOFF.min_delay - SLACK / 2, describe(
+        server.hits("polite.test")
+    )
 
 
 # -- configuration, client(), closing ---------------------------------------------------
 
 
 async def test_client_helper_routes_transport_options(server: LocalServer) -> None:
-    limiter = Limiter(default=policy(concurrency=1, delay=0.1))
+    limiter = Limiter(default=policy(concurrency=1, delay=0.2))
     async with client(limiter, proxy=server.proxy_url, http2=False, timeout=5) as http:
         responses = [await http.get("http://a.test/x") for _ in range(2)]
     assert [r.status_code for r in responses] == [200, 200]
-    assert server.gaps("a.test")[0] >= 0.1 - SLACK
+    assert server.gaps("a.test")[0] >= 0.2 - SLACK
     with pytest.raises(TypeError, match="builds its own transport"):
         client(limiter, transport=httpx.AsyncHTTPTransport())
 
@@ -372,13 +373,13 @@ def load_example(name: str) -> ModuleType:
 
 async def test_example_crawl(server: LocalServer) -> None:
     example = load_example("httpx_example")
-    server.route(behaviour=Reply(latency=0.1))
-    urls = [f"http://{host}.test/{n}" for host in "abc" for n in range(4)]
+    server.route(behaviour=Reply(latency=0.3))
+    urls = [f"http://{host}.test/{n}" for host in "abc" for n in range(3)]
     statuses = await example.crawl(urls, proxy=server.proxy_url)
     assert statuses == dict.fromkeys(urls, 200)
     for host in ("a.test", "b.test", "c.test"):
         assert server.max_in_flight(host) == 2
-        assert min(server.gaps(host)) >= 0.1 - SLACK
+        assert min(server.gaps(host)) >= 0.25 - SLACK
 
 
 async def test_example_search_api(server: LocalServer) -> None:
@@ -390,8 +391,9 @@ async def test_example_search_api(server: LocalServer) -> None:
     # "d" is urgent: it goes first or right after the one that took the free slot
     assert [hit.query for hit in hits].index("q=d") <= 1, describe(hits)
     assert {hit.host for hit in hits} == {"eu.search.example", "us.search.example"}
-    assert max(hit.in_flight for hit in hits) == 1
-    assert min(b.arrived - a.arrived for a, b in itertools.pairwise(hits)) >= 0.05 - SLACK
+    for earlier, later in itertools.pairwise(hits):  # one at a time across both hosts
+        assert earlier.finished is not None
+        assert later.arrived >= earlier.finished, describe(hits)
 
 
 async def test_example_download(server: LocalServer) -> None:
