@@ -39,8 +39,9 @@ RUNNER = ROOT / "tests" / "scrapy_project" / "run_crawl.py"
 MIDDLEWARE = {"throttlekit.adapters.scrapy.ThrottlingMiddleware": 950}
 
 #: How much earlier than the limiter's spacing the server may see two
-#: arrivals (the client's event loop and the server's thread on a busy machine).
-SLACK = 0.03
+#: arrivals: the crawl's process and the server's thread are scheduled
+#: independently, and a loaded 2-core machine delays either by tens of ms.
+SLACK = 0.06
 
 #: Settings that make throttling exact for the assertions: no jitter, no
 #: per-slot delay unless a test asks for one.
@@ -163,6 +164,7 @@ def test_documented_settings_throttle_each_host(server: LocalServer, tmp_path: P
         assert server.max_in_flight(host) <= per_host, table(hits)
         # Scrapy's default DOWNLOAD_DELAY_JITTER (0.5) applies: x0.5 .. x1.5.
         assert min(server.gaps(host)) >= 0.5 * delay - SLACK, table(hits)
+        assert hits[-1].arrived - hits[0].arrived >= 4 * 0.5 * delay - SLACK, table(hits)
     assert result.stats["throttlekit/request_count"] == 10
     assert result.stats["throttlekit/response_status_count/200"] == 10
 
@@ -182,9 +184,9 @@ def test_per_host_limits_replace_scrapys_own(server: LocalServer, tmp_path: Path
         },
     }
     server.route("b.test", behaviour=Reply(latency=0.15))
-    urls = [f"{host}.test/{n}" for n in range(6) for host in "abc"]
+    urls = [f"{host}.test/{n}" for n in range(5) for host in "abc"]
     result = crawl(server, tmp_path, settings, urls)
-    assert result.statuses() == [200] * 18
+    assert result.statuses() == [200] * 15
 
     # a.test: the default policy from CONCURRENT_REQUESTS_PER_DOMAIN / DOWNLOAD_DELAY.
     hits = server.hits("a.test")
@@ -207,10 +209,10 @@ def test_per_host_limits_replace_scrapys_own(server: LocalServer, tmp_path: Path
     ), table(hits)
 
     stats = result.stats
-    assert stats["throttlekit/request_count"] == 18
-    assert stats["throttlekit/waited_requests"] >= 10
+    assert stats["throttlekit/request_count"] == 15
+    assert stats["throttlekit/waited_requests"] >= 8
     assert stats["throttlekit/wait_time_total"] > 1.0
-    assert stats["throttlekit/response_status_count/200"] == 18
+    assert stats["throttlekit/response_status_count/200"] == 15
     assert "throttlekit/backoff_signals" not in stats
 
 
@@ -225,13 +227,13 @@ STARVATION_SETTINGS = {
 
 
 def slow_and_fast(server: LocalServer) -> tuple[dict[str, Any], list[str | dict[str, Any]]]:
-    """8 requests to a slow host (one every 0.4 s) scheduled before 12 to a fast one."""
+    """6 requests to a slow host (one every 0.4 s) scheduled before 10 to a fast one."""
     settings = {
         **STARVATION_SETTINGS,
         "THROTTLING_SCOPES": {scope(server, "a.test"): {"concurrency": 1, "delay": 0.4}},
     }
-    slow: list[str | dict[str, Any]] = [{"url": f"a.test/{n}", "priority": 1} for n in range(8)]
-    fast: list[str | dict[str, Any]] = [f"b.test/{n}" for n in range(12)]
+    slow: list[str | dict[str, Any]] = [{"url": f"a.test/{n}", "priority": 1} for n in range(6)]
+    fast: list[str | dict[str, Any]] = [f"b.test/{n}" for n in range(10)]
     return settings, slow + fast
 
 
@@ -245,7 +247,7 @@ def test_requests_waiting_on_a_slow_host_do_not_starve_others(
     settings, urls = slow_and_fast(server)
     settings["SCHEDULER_PRIORITY_QUEUE"] = queue
     result = crawl(server, tmp_path, settings, urls)
-    assert result.statuses() == [200] * 20
+    assert result.statuses() == [200] * 16
     slow, fast = arrivals(server, "a.test"), arrivals(server, "b.test")
     hits = server.hits()
     # The slow host sends one request every 0.4 s ...
@@ -254,7 +256,7 @@ def test_requests_waiting_on_a_slow_host_do_not_starve_others(
     # ... while the fast host is served in full before its third request.
     assert max(fast) < slow[2], table(hits)
     assert server.max_in_flight("b.test") >= 2, table(hits)
-    # Many slow-host requests were waiting for a permit meanwhile.
+    # The other slow-host requests were waiting for a permit meanwhile.
     assert result.stats["throttlekit/max_waiting"] >= 5
 
 
@@ -266,11 +268,11 @@ def test_without_waiting_room_slow_hosts_take_every_seat(
     settings["SCHEDULER_PRIORITY_QUEUE"] = "scrapy.pqueues.ScrapyPriorityQueue"
     settings["THROTTLING_MAX_WAITING"] = 0
     result = crawl(server, tmp_path, settings, urls)
-    assert result.statuses() == [200] * 20
+    assert result.statuses() == [200] * 16
     slow, fast = arrivals(server, "a.test"), arrivals(server, "b.test")
     # The 4 CONCURRENT_REQUESTS seats hold slow-host requests until the
     # scheduler has no more of them: the fast host waits behind the slow one.
-    assert min(fast) > slow[3], table(server.hits())
+    assert min(fast) > slow[2], table(server.hits())
     assert result.stats["throttlekit/max_waiting"] <= 4
 
 
@@ -281,24 +283,24 @@ def test_cache_hits_do_not_wait(server: LocalServer, tmp_path: Path) -> None:
     settings = {
         **EXACT,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
-        "DOWNLOAD_DELAY": 0.3,
+        "DOWNLOAD_DELAY": 0.2,
         "HTTPCACHE_ENABLED": True,
         "HTTPCACHE_DIR": str(tmp_path / "cache"),
     }
-    urls: list[str | dict[str, Any]] = [f"a.test/{n}" for n in range(5)]
+    urls: list[str | dict[str, Any]] = [f"a.test/{n}" for n in range(4)]
     first = crawl(server, tmp_path, settings, urls)
-    assert first.statuses() == [200] * 5
-    assert min(server.gaps("a.test")) >= 0.3 - SLACK
-    assert first.stats["throttlekit/request_count"] == 5
-    assert first.stats["httpcache/miss"] == 5
+    assert first.statuses() == [200] * 4
+    assert min(server.gaps("a.test")) >= 0.2 - SLACK
+    assert first.stats["throttlekit/request_count"] == 4
+    assert first.stats["httpcache/miss"] == 4
 
     second = crawl(server, tmp_path, settings, urls)
-    assert second.statuses() == [200] * 5
-    assert len(server.hits()) == 5  # nothing new reached the server
-    assert second.stats["httpcache/hit"] == 5
+    assert second.statuses() == [200] * 4
+    assert len(server.hits()) == 4  # nothing new reached the server
+    assert second.stats["httpcache/hit"] == 4
     assert not any(key.startswith("throttlekit/") for key in second.stats), second.stats
     times = sorted(outcome["at"] for outcome in second.outcomes)
-    assert times[-1] - times[0] < 0.3, second.outcomes
+    assert times[-1] - times[0] < 0.2, second.outcomes
     assert all("cached" in outcome["flags"] for outcome in second.outcomes)
 
 
@@ -306,7 +308,7 @@ def test_cache_hits_do_not_wait(server: LocalServer, tmp_path: Path) -> None:
 
 
 def test_robots_txt_crawl_delay_applies_to_its_host(server: LocalServer, tmp_path: Path) -> None:
-    server.route("c.test", "/robots.txt", Reply(body=b"User-agent: *\nCrawl-delay: 0.5\n"))
+    server.route("c.test", "/robots.txt", Reply(body=b"User-agent: *\nCrawl-delay: 0.4\n"))
     server.route("d.test", "/robots.txt", Reply(body=b"User-agent: *\nDisallow: /private\n"))
     settings = {
         **EXACT,
@@ -314,16 +316,16 @@ def test_robots_txt_crawl_delay_applies_to_its_host(server: LocalServer, tmp_pat
         "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
         "DOWNLOAD_DELAY": 0,
     }
-    urls = [f"{host}.test/{n}" for n in range(4) for host in "cd"] + ["d.test/private"]
+    urls = [f"{host}.test/{n}" for n in range(3) for host in "cd"] + ["d.test/private"]
     result = crawl(server, tmp_path, settings, urls)
-    assert result.statuses() == [200] * 8
+    assert result.statuses() == [200] * 6
     assert result.failures() == ["scrapy.exceptions.IgnoreRequest"]
 
     hits = server.hits("c.test")
     assert hits[0].path == "/robots.txt"
     assert server.max_in_flight("c.test") == 1, table(hits)
-    # Every send, robots.txt included, is 0.5 s from the previous one.
-    assert min(server.gaps("c.test")) >= 0.5 - SLACK, table(hits)
+    # Every send after robots.txt is 0.4 s from the previous one.
+    assert min(server.gaps("c.test")) >= 0.4 - SLACK, table(hits)
 
     hits = server.hits("d.test")
     assert server.max_in_flight("d.test") > 1, table(hits)
@@ -369,9 +371,9 @@ def test_timeouts_are_recorded_and_release_the_permit(server: LocalServer, tmp_p
         **EXACT,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
         "DOWNLOAD_DELAY": 0,
-        "DOWNLOAD_TIMEOUT": 0.5,
+        "DOWNLOAD_TIMEOUT": 0.3,
         "RETRY_ENABLED": False,
-        "BACKOFF_MIN_DELAY": 1.0,
+        "BACKOFF_MIN_DELAY": 0.6,
         "BACKOFF_JITTER": 0,
     }
     urls: list[str | dict[str, Any]] = [{"url": "f.test/hang", "priority": 1}, "f.test/ok"]
@@ -381,8 +383,9 @@ def test_timeouts_are_recorded_and_release_the_permit(server: LocalServer, tmp_p
     hits = server.hits("f.test")
     assert [hit.path for hit in hits] == ["/hang", "/ok"], table(hits)
     # The permit came back when the download timed out (concurrency 1), and
-    # the timeout made the host back off: its first step, 1 s between sends.
-    assert hits[1].arrived - hits[0].arrived >= 1.0 - SLACK, table(hits)
+    # the timeout made the host back off: its first step, 0.6 s between sends
+    # (more than the 0.3 s timeout, which alone would have allowed the send).
+    assert hits[1].arrived - hits[0].arrived >= 0.6 - SLACK, table(hits)
     stats = result.stats
     assert stats["throttlekit/exception_count/scrapy.exceptions.DownloadTimeoutError"] == 1
     assert stats["throttlekit/backoff_signals"] == 1

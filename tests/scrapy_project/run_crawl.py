@@ -36,6 +36,8 @@ def main() -> None:
         "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
         "LOG_LEVEL": "INFO",
         "TELNETCONSOLE_ENABLED": False,
+        # Scrapy >= 2.19's remote control would start a web server in each crawl.
+        "EXTENSIONS": {"scrapy.extensions.remote_control.RemoteControl": None},
         **plan["settings"],
     }
     process = CrawlerProcess(settings)
