@@ -181,12 +181,16 @@ def test_per_host_limits_replace_scrapys_own(server: LocalServer, tmp_path: Path
         "THROTTLING_SCOPES": {
             scope(server, "b.test"): {"concurrency": 3, "delay": 0},
             scope(server, "c.test"): {"concurrency": 2, "delay": 0.1, "slot_delay": 0.4},
+            "shared-budget": {"concurrency": 1, "delay": 0},
         },
     }
     server.route("b.test", behaviour=Reply(latency=0.15))
-    urls = [f"{host}.test/{n}" for n in range(5) for host in "abc"]
+    urls: list[str | dict[str, Any]] = [f"{host}.test/{n}" for n in range(5) for host in "abc"]
+    # Two more hosts whose requests name their own scope in the meta.
+    budget = {"throttling_scopes": "shared-budget"}
+    urls += [{"url": f"{host}.test/{n}", "meta": budget} for n in range(2) for host in "de"]
     result = crawl(server, tmp_path, settings, urls)
-    assert result.statuses() == [200] * 15
+    assert result.statuses() == [200] * 19
 
     # a.test: the default policy from CONCURRENT_REQUESTS_PER_DOMAIN / DOWNLOAD_DELAY.
     hits = server.hits("a.test")
@@ -208,11 +212,17 @@ def test_per_host_limits_replace_scrapys_own(server: LocalServer, tmp_path: Path
         0.4 - SLACK
     ), table(hits)
 
+    # d.test and e.test share one scope of concurrency 1: one at a time.
+    hits = sorted(server.hits("d.test") + server.hits("e.test"), key=lambda hit: hit.arrived)
+    for earlier, later in itertools.pairwise(hits):
+        assert earlier.finished is not None
+        assert later.arrived >= earlier.finished, table(hits)
+
     stats = result.stats
-    assert stats["throttlekit/request_count"] == 15
+    assert stats["throttlekit/request_count"] == 19
     assert stats["throttlekit/waited_requests"] >= 8
     assert stats["throttlekit/wait_time_total"] > 1.0
-    assert stats["throttlekit/response_status_count/200"] == 15
+    assert stats["throttlekit/response_status_count/200"] == 19
     assert "throttlekit/backoff_signals" not in stats
 
 
@@ -437,13 +447,21 @@ def test_autothrottle_settings_drive_throttlekits_controller(
         "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
         "DOWNLOAD_DELAY": 0,
     }
-    result = crawl(server, tmp_path, settings, [f"a.test/{n}" for n in range(3)])
-    assert result.statuses() == [200] * 3
+    fixed = {"autothrottle_dont_adjust_delay": True}
+    urls: list[str | dict[str, Any]] = [f"a.test/{n}" for n in range(3)]
+    urls += [{"url": f"b.test/{n}", "meta": fixed} for n in range(3)]
+    result = crawl(server, tmp_path, settings, urls)
+    assert result.statuses() == [200] * 6
     assert "Scrapy's AutoThrottle extension has no effect" in result.log
-    # throttlekit's AutoThrottle starts the scope at AUTOTHROTTLE_START_DELAY
-    # and moves it halfway to the latency (0.05 s) with the first response,
-    # as Scrapy's does; DOWNLOAD_DELAY alone would send all three at once.
-    assert server.gaps("a.test")[0] >= (0.5 + 0.05) / 2 - SLACK, table(server.hits())
+    hits = server.hits()
+    # throttlekit's AutoThrottle starts each scope at AUTOTHROTTLE_START_DELAY
+    # and moves it halfway to the latency (0.05 s) with each response, as
+    # Scrapy's does; DOWNLOAD_DELAY = 0 alone would send all three at once.
+    gaps = server.gaps("a.test")
+    assert gaps[0] >= (0.5 + 0.05) / 2 - SLACK, table(hits)
+    assert gaps[1] < 0.45, table(hits)
+    # autothrottle_dont_adjust_delay: the responses leave the delay alone.
+    assert min(server.gaps("b.test")) >= 0.5 - SLACK, table(hits)
 
 
 def test_a_reactor_without_asyncio_is_refused(server: LocalServer, tmp_path: Path) -> None:
