@@ -9,9 +9,11 @@ aiohttp runs on asyncio only.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import importlib.util
 import itertools
+import re
 import socket
 import subprocess
 import sys
@@ -278,6 +280,32 @@ async def test_total_timeout_is_recorded_and_frees_the_slot(server: LocalServer)
     assert_idle(limiter)
 
 
+async def test_total_timeout_while_connecting_is_recorded() -> None:
+    # A listener whose accept queue is full: new connections hang in SYN-SENT,
+    # so aiohttp's total timeout fires during connection set-up, where it
+    # cancels the request task instead of raising inside it.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(3)]
+        try:
+            for filler in fillers:
+                filler.setblocking(False)
+                filler.connect_ex(("127.0.0.1", port))
+            limiter = Limiter(default=policy(concurrency=1))
+            async with aiohttp.ClientSession(
+                middlewares=(middleware(limiter),), timeout=aiohttp.ClientTimeout(total=0.2)
+            ) as http:
+                with pytest.raises(TimeoutError):
+                    await get(http, f"http://127.0.0.1:{port}/")
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert_idle(limiter)
+    assert limiter.statistics().scopes[f"127.0.0.1:{port}"].last_signal == "TimeoutError"
+
+
 async def test_total_timeout_while_waiting_for_a_permit(server: LocalServer) -> None:
     server.route("a.test", "/slow", Reply(latency=0.4))
     limiter = Limiter(default=policy(concurrency=1))
@@ -431,3 +459,30 @@ def test_import_without_aiohttp_names_the_extra() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert 'pip install "throttlekit[aiohttp]"' in result.stdout
+
+
+def readme_example(marker: str) -> str:
+    """The README's python block that contains ``marker``, unindented."""
+    text = (ROOT / "README.rst").read_text()
+    blocks = re.findall(r"\.\. code-block:: python\n((?:\n|    .*\n)+)", text)
+    block = next(block for block in blocks if marker in block)
+    return "\n".join(line[4:] for line in block.strip("\n").splitlines()) + "\n"
+
+
+def imported_names(code: str) -> set[tuple[str, str]]:
+    """``(module, name)`` for every name the top-level imports of ``code`` bind."""
+    names = set()
+    for node in ast.parse(code).body:
+        if isinstance(node, ast.Import):
+            names |= {(alias.name, "") for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {(node.module or "", alias.name) for alias in node.names}
+    return names
+
+
+def test_readme_shows_the_tested_example() -> None:
+    shown = readme_example("throttlekit.adapters.aiohttp")
+    source = (ROOT / "examples" / "aiohttp_example.py").read_text()
+    imports, function = shown.split("\n\n", 1)
+    assert imported_names(imports) <= imported_names(source)
+    assert function in source

@@ -8,8 +8,10 @@ arrival times, requests in flight per host at arrival, disconnects.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import itertools
+import re
 import socket
 import subprocess
 import sys
@@ -435,3 +437,30 @@ async def test_import_without_httpx_names_the_extra() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert 'pip install "throttlekit[httpx]"' in result.stdout
+
+
+def readme_example(marker: str) -> str:
+    """The README's python block that contains ``marker``, unindented."""
+    text = (ROOT / "README.rst").read_text()
+    blocks = re.findall(r"\.\. code-block:: python\n((?:\n|    .*\n)+)", text)
+    block = next(block for block in blocks if marker in block)
+    return "\n".join(line[4:] for line in block.strip("\n").splitlines()) + "\n"
+
+
+def imported_names(code: str) -> set[tuple[str, str]]:
+    """``(module, name)`` for every name the top-level imports of ``code`` bind."""
+    names = set()
+    for node in ast.parse(code).body:
+        if isinstance(node, ast.Import):
+            names |= {(alias.name, "") for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {(node.module or "", alias.name) for alias in node.names}
+    return names
+
+
+def test_readme_shows_the_tested_example() -> None:
+    shown = readme_example("throttlekit.adapters.httpx")
+    source = (ROOT / "examples" / "httpx_example.py").read_text()
+    imports, function = shown.split("\n\n", 1)
+    assert imported_names(imports) <= imported_names(source)
+    assert function in source

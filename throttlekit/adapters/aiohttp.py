@@ -127,12 +127,22 @@ class ThrottlingMiddleware:
     :param limiter: decides when each request may be sent.
 
     Timeouts: aiohttp's ``ClientTimeout(total=...)`` runs around the
-    middlewares, so time spent waiting for a permit counts toward it. When
-    the total timeout fires while the request is in flight, aiohttp cancels
-    the request and raises :class:`TimeoutError` outside the middleware;
-    the middleware records that as a :class:`TimeoutError` before letting
-    the cancellation through. ``sock_read`` / ``sock_connect`` timeouts
-    raise inside the request and are recorded as they are.
+    middlewares, so time spent waiting for a permit counts toward it (and a
+    request that times out while waiting is never sent nor recorded).
+    ``sock_read``, ``sock_connect`` and a total timeout that fires while the
+    response is read raise inside the request and are recorded as they are.
+    A total timeout that fires while the connection is being set up
+    cancels the request instead; the middleware tells the two apart with
+    the request's timer and records a :class:`TimeoutError` before letting
+    the cancellation through, so a server too busy to accept connections
+    triggers backoff too.
+
+    Usage::
+
+        throttle = middleware(limiter)
+        async with aiohttp.ClientSession(middlewares=(throttle,)) as session:
+            ...
+        print(throttle.limiter.statistics())
     """
 
     __slots__ = ("_background", "_limiter")
