@@ -14,9 +14,11 @@ import asyncio
 import importlib.util
 import itertools
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -378,6 +380,69 @@ async def test_a_429_burst_slows_the_client_down(server: LocalServer) -> None:
     assert min(settled) >= 2 * QUICK_BACKOFF.min_delay - SLACK / 2, describe(
         server.hits("polite.test")
     )
+
+
+# -- a shared backend: the release after a response is a round trip -------------------
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A throwaway redis-server on a free port of 127.0.0.1."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@pytest.mark.redis
+async def test_shared_backend_release_after_the_body(server: LocalServer, redis_url: str) -> None:
+    redis_backend = pytest.importorskip("throttlekit.backends.redis")
+    backend = redis_backend.RedisBackend.from_url(redis_url, prefix="adapter-test")
+    limiter = Limiter(default=policy(concurrency=1), backend=backend)
+    server.route("a.test", "/big", Stream(chunks=4, interval=0.05))
+    try:
+        async with session(limiter, server) as http:
+            # The body's end is seen in aiohttp's synchronous connection
+            # callback; the middleware finishes the release in a task.
+            big = asyncio.create_task(get(http, "http://a.test/big"))
+            await eventually(lambda: len(server.hits()) == 1)
+            assert await asyncio.wait_for(get(http, "http://a.test/small"), 5) == 200
+            assert await big == 200
+    finally:
+        await backend.aclose()
+    server.wait_idle()
+    big_hit, small_hit = server.hits("a.test")
+    assert big_hit.finished is not None
+    assert small_hit.arrived >= big_hit.finished
+    assert backend.statistics().release_calls == 2
 
 
 # -- configuration -----------------------------------------------------------------------
