@@ -329,18 +329,20 @@ class ThrottlingMiddleware:
         if downloader is not None:
             key = downloader.get_slot_key(request)
             self._wait_in_slot(downloader, key, request)
+        stats = self.stats
         self._waiting_count += 1
-        self.stats.max_value("throttlekit/max_waiting", self._waiting_count)
         start = anyio.current_time()
         try:
             held = await HeldPermit.acquire(self.limiter, request, priority=request.priority)
         finally:
+            waited = anyio.current_time() - start
+            if waited >= WAITED_THRESHOLD:
+                # Counted as a waiter leaves: the peak is seen by its first leaver.
+                stats.max_value("throttlekit/max_waiting", self._waiting_count)
             self._waiting_count -= 1
             if downloader is not None and key is not None:
                 self._leave_slot(downloader, key, request)
         self._held[request] = held
-        waited = anyio.current_time() - start
-        stats = self.stats
         stats.inc_value("throttlekit/request_count")
         if waited >= WAITED_THRESHOLD:
             self._wait_total += waited
@@ -363,7 +365,7 @@ class ThrottlingMiddleware:
                     latency=request.meta.get("download_latency"),
                     size=len(response.body),
                 )
-                self._count(held, feedback)
+                self._count_backoff_signal(held, feedback)
                 self.stats.inc_value(f"throttlekit/response_status_count/{response.status}")
             finally:
                 await held.release()
@@ -378,7 +380,7 @@ class ThrottlingMiddleware:
             try:
                 if not isinstance(exception, IgnoreRequest):
                     feedback = held.permit.record(exception=exception)
-                    self._count(held, feedback)
+                    self._count_backoff_signal(held, feedback)
                     name = f"{type(exception).__module__}.{type(exception).__qualname__}"
                     self.stats.inc_value(f"throttlekit/exception_count/{name}")
             finally:
@@ -411,7 +413,7 @@ class ThrottlingMiddleware:
             # The downloader adds it again when the request enters the slot.
             slot.active.discard(request)
 
-    def _count(self, held: HeldPermit, feedback: Feedback) -> None:
+    def _count_backoff_signal(self, held: HeldPermit, feedback: Feedback) -> None:
         limiter = self.limiter
         for scope in held.permit.scopes:
             backoff = limiter.policy(scope).backoff
