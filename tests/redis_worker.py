@@ -1,0 +1,111 @@
+"""A worker process for the Redis backend's multi-process tests.
+
+Modes:
+
+``crawl``
+    ``--tasks`` concurrent tasks send GET requests to ``--url`` through a
+    limiter whose scope ``shared`` lives in Redis, until the process is
+    terminated. Each task first opens its connection with one request marked
+    ``X-Warmup``; then the worker prints ``ready`` and starts on a line on
+    stdin. Each request carries ``X-Worker`` (the worker's name) and
+    ``X-Send-At`` (the grant's send time on Redis's clock, ms since the
+    epoch); responses are recorded on the permit (so a 429 and its
+    ``Retry-After`` reach the shared state).
+``hold``
+    Takes ``--hold`` permits of scope ``shared``, prints ``held <send times>``
+    and sleeps until killed (to test that a crashed worker's leases expire).
+
+The scope's policy is concurrency ``--concurrency``, delay ``--delay``, no
+slot delay and no jitter, with the default backoff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+import aiohttp
+import anyio
+
+import throttlekit
+from throttlekit.backends.redis import RedisBackend
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("mode", choices=("crawl", "hold"))
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--name", default="worker")
+    parser.add_argument("--url", default="")
+    parser.add_argument("--tasks", type=int, default=3)
+    parser.add_argument("--hold", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=3)
+    parser.add_argument("--delay", type=float, default=0.05)
+    parser.add_argument("--lease-time", type=float, default=10.0)
+    return parser.parse_args(argv)
+
+
+def _limiter(args: argparse.Namespace) -> tuple[throttlekit.Limiter, RedisBackend]:
+    backend = RedisBackend.from_url(
+        args.redis_url, prefix=args.prefix, lease_time=args.lease_time, failure="fail_closed"
+    )
+    policy = throttlekit.ScopePolicy(
+        concurrency=args.concurrency, delay=args.delay, slot_delay=0.0, jitter=0.0
+    )
+    limiter = throttlekit.Limiter(scopes={"shared": policy}, backend=backend, concurrency=None)
+    return limiter, backend
+
+
+async def _crawl(args: argparse.Namespace) -> None:
+    limiter, backend = _limiter(args)
+
+    async def task(session: aiohttp.ClientSession) -> None:
+        while True:
+            async with limiter.acquire(scopes="shared") as permit:
+                lease: Any = permit._ticket
+                headers = {"X-Worker": args.name, "X-Send-At": f"{lease.send_at_ms:.3f}"}
+                async with session.get(args.url, headers=headers) as response:
+                    await response.read()
+                    permit.record(status=response.status, headers=response.headers)
+
+    async def warm_up(session: aiohttp.ClientSession) -> None:
+        async with session.get(args.url, headers={"X-Warmup": "1"}) as response:
+            await response.read()
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            # Open each task's keep-alive connection and load every code path
+            # first, then start together when the test says "go".
+            async with anyio.create_task_group() as group:
+                for _ in range(args.tasks):
+                    group.start_soon(warm_up, session)
+            print("ready", flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            async with anyio.create_task_group() as group:
+                for _ in range(args.tasks):
+                    group.start_soon(task, session)
+    finally:
+        await backend.aclose()
+
+
+async def _hold(args: argparse.Namespace) -> None:
+    limiter, _backend = _limiter(args)
+    permits = [limiter.acquire(scopes="shared") for _ in range(args.hold)]
+    sent = []
+    for permit in permits:
+        await permit.__aenter__()
+        sent.append(f"{permit._ticket.send_at_ms:.3f}")
+    print("held", *sent, flush=True)
+    await anyio.sleep_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    asyncio.run(_crawl(args) if args.mode == "crawl" else _hold(args))
+
+
+if __name__ == "__main__":
+    main()
