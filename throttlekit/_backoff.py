@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -52,25 +52,30 @@ DEFAULT_BACKOFF_EXCEPTIONS: tuple[str, ...] = (
     "scrapy.exceptions.ResponseDataLossError",
 )
 
-_RESOLVED: dict[str, type[BaseException] | None] = {}
+_RESOLVED: dict[str, type[BaseException]] = {}
 
 
 def resolve_exception(spec: str | type[BaseException]) -> type[BaseException] | None:
-    """An exception class from a class or an import path; ``None`` if not importable."""
+    """An exception class from a class or an import path; ``None`` if not loaded.
+
+    Import paths are looked up among the modules already imported, never
+    imported here: an exception can only be an instance of a class whose
+    module is loaded, and importing httpx or Twisted from inside an event
+    loop on the first failure would block it. Misses are not cached, so a
+    module imported later is found then.
+    """
     if isinstance(spec, type):
         return spec
-    if spec in _RESOLVED:
-        return _RESOLVED[spec]
+    found = _RESOLVED.get(spec)
+    if found is not None:
+        return found
     module_name, _, name = spec.rpartition(".")
-    found: type[BaseException] | None = None
-    try:
-        candidate = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError):
-        candidate = None
+    module = sys.modules.get(module_name)
+    candidate = getattr(module, name, None) if module is not None else None
     if isinstance(candidate, type) and issubclass(candidate, BaseException):
-        found = candidate
-    _RESOLVED[spec] = found
-    return found
+        _RESOLVED[spec] = candidate
+        return candidate
+    return None
 
 
 def _codes(value: Iterable[int]) -> frozenset[int]:

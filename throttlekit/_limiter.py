@@ -152,9 +152,17 @@ class Permit:
         self.release()
 
     def release(self) -> None:
-        """Give back the concurrency this permit holds (idempotent)."""
+        """Give back the concurrency this permit holds (idempotent).
+
+        With a shared backend the release is a network round trip: leave the
+        ``async with`` block instead (this raises :class:`RuntimeError`).
+        """
         ticket = self._ticket
-        if ticket is not None and ticket.state == GRANTED:
+        if ticket is None:
+            return
+        if self._limiter._backend is not None:
+            raise RuntimeError("with a shared backend, release by leaving 'async with'")
+        if ticket.state == GRANTED:
             self._limiter._release(ticket)
 
     def record(
@@ -356,6 +364,11 @@ class Limiter:
         return cls(**options)
 
     # -- public API ----------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend | None:
+        """The shared state backend, or ``None`` for in-memory ledgers."""
+        return self._backend
 
     @property
     def default(self) -> ScopePolicy:
