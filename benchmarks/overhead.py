@@ -44,6 +44,7 @@ from .peers import PEERS, THROTTLEKIT_CASES, Case, PeerMissing
 __all__ = ["SUITES"]
 
 NO_DELAY = ScopePolicy(concurrency=None, delay=0, slot_delay=0)
+INF = float("inf")
 
 
 # -- uncontended --------------------------------------------------------------------
@@ -192,7 +193,7 @@ async def _memory_per_scope(count: int, policy: ScopePolicy) -> dict[str, float]
 
 
 async def _scopes(config: RunConfig, result: SuiteResult) -> None:
-    sizes = (1, 1_000, 10_000) if config.quick else (1, 10_000, 100_000)
+    sizes = (1, 1_000, 5_000) if config.quick else (1, 10_000, 100_000)
     loops: dict[str, OpLoop] = {}
     for size in sizes:
         limiter = Limiter(concurrency=None, default=NO_DELAY, max_scopes=max(100_000, size))
@@ -326,6 +327,8 @@ def _virtual_run(
     cpu = time.process_time() - cpu_start
     wall = (time.perf_counter_ns() - wall_start) / 1e9
 
+    driver = _driver_replay(tickets, service, seed)
+
     # Achieved vs allowed rate, per scope: sends (n-1) over the span first..last send.
     sends: dict[str, list[float]] = {}
     for ticket in tickets:
@@ -341,11 +344,42 @@ def _virtual_run(
         "cpu_s": cpu,
         "wall_s": wall,
         "cpu_per_grant_ns": cpu / total * 1e9,
+        "driver_per_grant_ns": driver / total * 1e9,
+        "scheduler_per_grant_ns": max(0.0, cpu - driver) / total * 1e9,
         "virtual_makespan_s": now,
         "ideal_makespan_s": (per_scope - 1) * policy.delay + high,
         "rate_share_min": min(shares),
         "rate_share_mean": sum(shares) / len(shares),
     }
+
+
+def _driver_replay(tickets: list[Ticket], service: tuple[float, float], seed: int) -> float:
+    """CPU seconds of the virtual-clock driver alone: the same heap traffic, no scheduler.
+
+    Replays the run's grants in time order through a heap of release times, with
+    the same random service times, so that its cost can be taken out of the
+    whole loop's CPU to leave the scheduler's own.
+    """
+    grants = sorted((ticket.granted_at, ticket.seq) for ticket in tickets)
+    rng = random.Random(seed)
+    uniform = rng.uniform
+    low, high = service
+    push = heapq.heappush
+    pop = heapq.heappop
+    releases: list[tuple[float, int, int]] = []
+    total = len(grants)
+    gc.collect()
+    start = time.process_time()
+    index = served = 0
+    while served < total:
+        now = grants[index][0] if index < total else INF
+        while releases and releases[0][0] <= now:
+            pop(releases)
+            served += 1
+        while index < total and grants[index][0] <= now:
+            push(releases, (now + uniform(low, high), index, grants[index][1]))
+            index += 1
+    return time.process_time() - start
 
 
 async def _real_run(
@@ -434,11 +468,20 @@ def run_contended(config: RunConfig) -> SuiteResult:
 
     table = Table(
         "Virtual clock, sans-IO Scheduler",
-        ["requests", "scopes", "CPU/grant", "wall", "virtual time", "rate vs allowed (min/mean)"],
+        [
+            "requests",
+            "scopes",
+            "scheduler CPU/grant",
+            "whole loop CPU/grant",
+            "wall",
+            "virtual time",
+            "rate vs allowed (min/mean)",
+        ],
     )
     table.add(
         f"{sim['requests']:,}",
         f"{sim['scopes']:,}",
+        fmt_ns(sim["scheduler_per_grant_ns"]),
         fmt_ns(sim["cpu_per_grant_ns"]),
         f"{sim['wall_s']:.2f} s",
         f"{sim['virtual_makespan_s']:.3f} s (ideal {sim['ideal_makespan_s']:.3f} s)",
@@ -463,10 +506,11 @@ def run_contended(config: RunConfig) -> SuiteResult:
         )
     result.tables.append(table)
     result.notes.append(
-        "CPU/grant on the virtual clock is the process CPU time of the whole run "
+        "On the virtual clock, 'whole loop' is the process CPU time of the run "
         "(enqueueing every request, then dispatch/next_wake/release until all are "
-        "served) divided by the grants; it includes the small driver loop (a heap of "
-        "release times, about 1 us per grant). "
+        "served) divided by the grants; 'scheduler' takes out the driver's own share "
+        "(its heap of release times, replayed alone: "
+        f"{fmt_ns(sim['driver_per_grant_ns'])} per grant). "
         f"End to end, the Limiter's own CPU is about {fmt_ns(limiter_cpu)} per request "
         "(Limiter run minus the baseline). Grant lateness is how long after the earliest "
         "allowed moment each grant came; asyncio's epoll timers round timeouts up to the "
@@ -477,8 +521,9 @@ def run_contended(config: RunConfig) -> SuiteResult:
         Target(
             "limiter CPU per grant (virtual clock)",
             "<= 20 us",
-            fmt_ns(sim["cpu_per_grant_ns"]),
-            sim["cpu_per_grant_ns"] <= 20_000,
+            f"{fmt_ns(sim['scheduler_per_grant_ns'])} "
+            f"({fmt_ns(sim['cpu_per_grant_ns'])} with the driver)",
+            sim["scheduler_per_grant_ns"] <= 20_000,
         )
     )
     result.targets.append(
