@@ -14,7 +14,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -79,6 +79,10 @@ def _statuses(instance: object, attribute: attrs.Attribute[Any], value: object) 
         raise ValueError(f"{attribute.name} must be a non-empty tuple of statuses, got {value!r}")
     for status in value:
         _status(instance, attribute, status)
+
+
+def _as_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
 
 
 def _count(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -419,7 +423,7 @@ class FlakyServer:
     jitter: float = attrs.field(default=0.0, validator=fraction)
     error_rate: float = attrs.field(default=0.1, validator=fraction)
     error_statuses: tuple[int, ...] = attrs.field(
-        default=(500, 502, 503), converter=tuple, validator=_statuses
+        default=(500, 502, 503), converter=_as_tuple, validator=_statuses
     )
     timeout_rate: float = attrs.field(default=0.02, validator=fraction)
     timeout: float = attrs.field(default=10.0, validator=non_negative)

@@ -1,0 +1,31 @@
+"""``python -m throttlekit`` and the ``throttlekit`` command (needs ``throttlekit[cli]``)."""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``throttlekit`` command line; return its exit code.
+
+    Exit codes: 0 success, 1 some work failed (``fetch``: some URLs;
+    ``simulate --check``: a rule broken), 2 bad usage, bad configuration or a
+    missing optional extra, 130 interrupted.
+    """
+    try:
+        from ._cli import run
+    except ImportError as exc:
+        missing = exc.name or "a dependency"
+        print(
+            f"throttlekit: the command line needs {missing}, which is not installed: "
+            'pip install "throttlekit[cli]"',
+            file=sys.stderr,
+        )
+        return 2
+    return run(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

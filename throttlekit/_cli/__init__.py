@@ -1,0 +1,73 @@
+"""The ``throttlekit`` command line (needs the ``cli`` extra: typer, rich, httpx, aiohttp).
+
+Commands: ``simulate`` (a policy against a server model in virtual time),
+``demo`` (a live crawl of local sites with different behaviours) and
+``fetch`` (a polite, resumable bulk fetcher). Exit codes: 0 success, 1 some
+work failed, 2 bad usage or configuration, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from ._common import EXIT_USAGE, CLIError, stderr
+
+__all__ = ["app", "run"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+app = typer.Typer(
+    name="throttlekit",
+    help="See and use throttlekit's throttling: simulate policies, watch a demo crawl, "
+    "fetch URLs politely. Exit codes: 0 ok, 1 some work failed, 2 usage or config "
+    "error, 130 interrupted.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _reporting(command: F) -> F:
+    """Turn a :class:`CLIError` into one red line on stderr and its exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except CLIError as exc:
+            stderr.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(exc.code) from None
+        except KeyboardInterrupt:
+            stderr.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _register() -> None:
+    from ._demo import demo_command
+    from ._fetch import fetch_command
+    from ._simulate import simulate_command
+
+    app.command("simulate")(_reporting(simulate_command))
+    app.command("demo")(_reporting(demo_command))
+    app.command("fetch")(_reporting(fetch_command))
+
+
+_register()
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    try:
+        app(args=argv, prog_name="throttlekit", standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        return code if isinstance(code, int) else EXIT_USAGE
+    return 0

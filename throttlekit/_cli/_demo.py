@@ -1,0 +1,276 @@
+"""``throttlekit demo``: crawl four local sites with different behaviours, live."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import anyio
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .._autothrottle import AutoThrottle
+from .._backoff import Backoff
+from .._limiter import Limiter
+from .._policy import ScopePolicy
+from ..testing import CapacityServer, FixedServer, FlakyServer, QuotaServer, ServerModel
+from ._common import CLIError, build_limiter, make_console, read_toml, split_config
+
+if TYPE_CHECKING:
+    import httpx
+
+    from ._local import LocalSites
+
+# httpx, aiohttp and the adapter are imported when the demo runs, so that other
+# commands start fast.
+
+__all__ = ["DEMO_SITES", "demo_command", "demo_limiter"]
+
+#: The demo's sites: host → (what it does, its server model).
+DEMO_SITES: dict[str, tuple[str, ServerModel]] = {
+    "fast.test": ("answers in 10 ms", FixedServer(latency=0.01, size=2_000)),
+    "slow.test": (
+        "2 workers x 250 ms: latency grows with load",
+        CapacityServer(workers=2, service_time=0.25, jitter=0.2, size=20_000),
+    ),
+    "quota.test": (
+        "allows 5 requests/s, answers 429 beyond (Retry-After, RateLimit)",
+        QuotaServer(limit=5, window=1.0, latency=0.05, rate_limit_headers="ietf"),
+    ),
+    "flaky.test": (
+        "5% 503 errors, 2% hang until the client times out",
+        FlakyServer(
+            latency=0.08, error_rate=0.05, error_statuses=(503,), timeout_rate=0.02, timeout=3.0
+        ),
+    ),
+}
+
+CLIENT_TIMEOUT = 2.0
+WORKERS_PER_SITE = 8
+
+
+def demo_limiter(seed: int = 0) -> Limiter:
+    """The demo's policy: 4 at a time per site, no fixed delay, backoff on.
+
+    ``slow.test`` also runs AutoThrottle (latency-driven delay).
+    """
+    backoff = Backoff(min_delay=0.25, window=10.0)
+    default = ScopePolicy(concurrency=4, delay=0.0, slot_delay=0.0, backoff=backoff)
+    slow = ScopePolicy(
+        concurrency=4,
+        delay=0.0,
+        slot_delay=0.0,
+        backoff=backoff,
+        autothrottle=AutoThrottle(start_delay=0.5, max_delay=5.0, target_concurrency=2.0),
+    )
+    return Limiter(default=default, scopes={"slow.test": slow}, concurrency=32, seed=seed)
+
+
+class _SiteStats:
+    __slots__ = ("errors", "latencies", "ok", "statuses", "timeouts")
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.statuses: Counter[int] = Counter()
+        self.timeouts = 0
+        self.errors = 0
+        self.latencies: list[float] = []
+
+
+class _Crawl:
+    def __init__(self, limiter: Limiter, hosts: list[str]) -> None:
+        self.limiter = limiter
+        self.hosts = hosts
+        self.stats = {host: _SiteStats() for host in hosts}
+        self.started = 0.0
+        self.peak_backoff = dict.fromkeys(hosts, 0)
+
+    async def worker(self, client: httpx.AsyncClient, host: str, first: int) -> None:
+        import httpx
+
+        from ._local import SENT_AT
+
+        stats = self.stats[host]
+        page = first
+        while True:
+            page += WORKERS_PER_SITE
+            try:
+                response = await client.get(f"http://{host}/page/{page}")
+            except httpx.TimeoutException:
+                stats.timeouts += 1
+                continue
+            except httpx.HTTPError:
+                stats.errors += 1
+                continue
+            stats.statuses[response.status_code] += 1
+            if response.status_code < 400:
+                stats.ok += 1
+            sent_at = response.request.extensions.get(SENT_AT)
+            if sent_at is not None:
+                stats.latencies.append(anyio.current_time() - sent_at)
+
+    def table(self, now: float, title: str) -> Table:
+        elapsed = max(now - self.started, 1e-9)
+        scopes = self.limiter.statistics().scopes
+        table = Table(title=title, title_justify="left")
+        for name, justify in (
+            ("site", "left"),
+            ("in flight", "right"),
+            ("delay", "right"),
+            ("backoff", "right"),
+            ("ok", "right"),
+            ("ok/s", "right"),
+            ("429", "right"),
+            ("5xx", "right"),
+            ("timeouts", "right"),
+            ("p50 latency", "right"),
+        ):
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for host in self.hosts:
+            stats = self.stats[host]
+            scope = scopes.get(host)
+            level = scope.backoff_level if scope is not None else 0
+            self.peak_backoff[host] = max(self.peak_backoff[host], level)
+            server_errors = sum(n for status, n in stats.statuses.items() if status >= 500)
+            latency = statistics.median(stats.latencies[-200:]) if stats.latencies else None
+            table.add_row(
+                host,
+                str(scope.in_flight) if scope is not None else "0",
+                f"{scope.delay:.2f} s" if scope is not None else "-",
+                str(level),
+                str(stats.ok),
+                f"{stats.ok / elapsed:.1f}",
+                str(stats.statuses[429]),
+                str(server_errors),
+                str(stats.timeouts + stats.errors),
+                f"{latency * 1000:.0f} ms" if latency is not None else "-",
+            )
+        return table
+
+
+def _report(crawl: _Crawl, sites: LocalSites, elapsed: float) -> list[str]:
+    lines = []
+    for host in crawl.hosts:
+        stats = crawl.stats[host]
+        record = sites.records[host]
+        answered = sum(stats.statuses.values())
+        throttled = stats.statuses[429]
+        server_errors = sum(n for status, n in stats.statuses.items() if status >= 500)
+        line = (
+            f"{host}: {stats.ok} ok ({stats.ok / elapsed:.1f}/s), the site saw at most "
+            f"{record.max_in_flight} requests at once"
+        )
+        if throttled:
+            line += f"; {throttled} x 429 ({throttled / max(answered, 1):.0%} of responses)"
+        if server_errors or stats.timeouts:
+            line += f"; {server_errors} x 5xx and {stats.timeouts} timeouts"
+        peak = crawl.peak_backoff[host]
+        if peak:
+            line += f"; backoff peaked at level {peak}"
+        lines.append(line)
+    return lines
+
+
+async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Console) -> None:
+    import httpx
+
+    from ..adapters.httpx import ThrottledTransport
+    from ._local import LocalSites, Stopwatch
+
+    hosts = list(DEMO_SITES)
+    crawl = _Crawl(limiter, hosts)
+    models = {host: model for host, (_, model) in DEMO_SITES.items()}
+    async with LocalSites(models, seed=seed) as sites:
+        console.print(
+            f"local sites on {sites.proxy_url} (the crawler's HTTP proxy), crawled for "
+            f"{duration:g} s by {WORKERS_PER_SITE} workers per site through httpx + throttlekit:"
+        )
+        for host, (behaviour, _) in DEMO_SITES.items():
+            console.print(f"  [bold]{host}[/]  {behaviour}")
+        inner = Stopwatch(httpx.AsyncHTTPTransport(proxy=sites.proxy_url))
+        transport = ThrottledTransport(limiter, inner)
+        async with httpx.AsyncClient(
+            transport=transport, timeout=CLIENT_TIMEOUT, trust_env=False
+        ) as client:
+            crawl.started = anyio.current_time()
+            live = console.is_terminal
+            with (
+                Live(
+                    crawl.table(crawl.started, "crawling..."),
+                    console=console,
+                    refresh_per_second=4,
+                    transient=True,
+                )
+                if live
+                else _Nothing() as display
+            ):
+                async with anyio.create_task_group() as tasks:
+                    for host in hosts:
+                        for first in range(WORKERS_PER_SITE):
+                            tasks.start_soon(crawl.worker, client, host, first)
+                    deadline = crawl.started + duration
+                    while (now := anyio.current_time()) < deadline:
+                        await anyio.sleep(min(0.25, deadline - now))
+                        title = f"crawling... {now - crawl.started:4.1f} / {duration:g} s"
+                        table = crawl.table(anyio.current_time(), title)
+                        if live:
+                            display.update(table)
+                    tasks.cancel_scope.cancel()
+        elapsed = anyio.current_time() - crawl.started
+        console.print(crawl.table(anyio.current_time(), f"after {elapsed:.1f} s"))
+        for line in _report(crawl, sites, elapsed):
+            console.print(line)
+
+
+class _Nothing:
+    def __enter__(self) -> _Nothing:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        return None
+
+    def update(self, renderable: Any) -> None:
+        return None
+
+
+def demo_command(
+    duration: Annotated[
+        float,
+        typer.Option(help="Seconds to crawl.", min=0.5, max=3600.0),
+    ] = 20.0,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="TOML file of throttling settings (e.g. DOWNLOAD_DELAY) to use instead of "
+            "the demo's policy.",
+            dir_okay=False,
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sites' random behaviour.")] = 0,
+) -> None:
+    """Crawl four local sites (fast, slow, 429 quota, flaky) and watch throttlekit adapt.
+
+    Everything runs on this machine: a local server on 127.0.0.1 plays the
+    sites, and an httpx client throttled by throttlekit crawls them through it.
+    A live table shows, per site, the requests in flight, the current delay,
+    the backoff level and the 429s, 5xx and timeouts; a report follows.
+    """
+    if config is not None:
+        settings, _ = split_config(read_toml(config), "demo", str(config))
+        limiter = build_limiter(settings, str(config), seed=seed)
+    else:
+        limiter = demo_limiter(seed)
+    console = make_console()
+    if not DEMO_SITES:  # pragma: no cover - a constant
+        raise CLIError("no demo sites")
+    started = time.perf_counter()
+    asyncio.run(_run_demo(limiter, duration, seed, console))
+    console.print(f"done in {time.perf_counter() - started:.1f} s")
