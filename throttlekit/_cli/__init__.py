@@ -13,12 +13,16 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 from ._common import EXIT_USAGE, CLIError, stderr
 
 __all__ = ["app", "run"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Modules of the ``cli`` extra that commands import when they run.
+_EXTRA_MODULES = frozenset({"httpx", "aiohttp", "h11", "httpcore", "anyio"})
 
 app = typer.Typer(
     name="throttlekit",
@@ -39,8 +43,16 @@ def _reporting(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except CLIError as exc:
-            stderr.print(f"[bold red]error:[/] {exc}")
+            stderr.print(f"[bold red]error:[/] {escape(str(exc))}")
             raise typer.Exit(exc.code) from None
+        except ModuleNotFoundError as exc:
+            if exc.name not in _EXTRA_MODULES:
+                raise
+            stderr.print(
+                f"[bold red]error:[/] this command needs {exc.name}, which is not installed: "
+                'pip install "throttlekit[cli]"'
+            )
+            raise typer.Exit(EXIT_USAGE) from None
         except KeyboardInterrupt:
             stderr.print("[yellow]interrupted[/]")
             raise typer.Exit(130) from None

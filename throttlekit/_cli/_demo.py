@@ -13,6 +13,7 @@ import anyio
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from .._autothrottle import AutoThrottle
@@ -192,7 +193,7 @@ async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Conso
             f"{duration:g} s by {WORKERS_PER_SITE} workers per site through httpx + throttlekit:"
         )
         for host, (behaviour, _) in DEMO_SITES.items():
-            console.print(f"  [bold]{host}[/]  {behaviour}")
+            console.print(f"  [bold]{escape(host)}[/]  {escape(behaviour)}")
         inner = Stopwatch(httpx.AsyncHTTPTransport(proxy=sites.proxy_url))
         transport = ThrottledTransport(limiter, inner)
         async with httpx.AsyncClient(
@@ -225,7 +226,7 @@ async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Conso
         elapsed = anyio.current_time() - crawl.started
         console.print(crawl.table(anyio.current_time(), f"after {elapsed:.1f} s"))
         for line in _report(crawl, sites, elapsed):
-            console.print(line)
+            console.print(line, markup=False)
 
 
 class _Nothing:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import scopes as _scopes
@@ -261,7 +262,9 @@ def fetch_command(
     urls_file: Annotated[
         Path,
         typer.Argument(
-            help="Text file with one http(s) URL per line ('#' comments allowed).", dir_okay=False
+            metavar="URLS_FILE",
+            help="Text file with one http(s) URL per line ('#' comments allowed).",
+            dir_okay=False,
         ),
     ],
     output: Annotated[
@@ -372,14 +375,16 @@ def fetch_command(
 
     urls, problems = read_urls(urls_file)
     for problem in problems:
-        stderr.print(f"[yellow]skipped[/] {problem}", markup=True, highlight=False)
+        stderr.print(f"[yellow]skipped[/] {escape(problem)}")
     skipped = 0
     out: IO[str]
     if output_name is not None:
         output_path = Path(output_name)
         done, ignored = _done_urls(output_path, retry_failed)
         if ignored:
-            stderr.print(f"[yellow]ignored {ignored} unreadable line(s) in {output_path}[/]")
+            stderr.print(
+                f"[yellow]ignored {ignored} unreadable line(s) in {escape(str(output_path))}[/]"
+            )
         pending = [url for url in urls if url not in done]
         skipped = len(urls) - len(pending)
         try:

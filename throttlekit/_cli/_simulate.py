@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import attrs
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .._limiter import Limiter
@@ -388,11 +389,11 @@ def simulate_command(
         )
     console = make_console()
     workload = _workload(plan)
-    console.print(f"[bold]workload[/]: {plan.description}, {plan.duration:g} s simulated")
+    console.print(f"[bold]workload[/]: {escape(plan.description)}, {plan.duration:g} s simulated")
     for host in plan.hosts:
         model = plan.server.sites[host] if isinstance(plan.server, Sites) else plan.server
-        console.print(f"[bold]{host}[/]: {describe_server(model)}")
-        console.print(f"  policy: {_policy_text(limiter, host)}")
+        console.print(f"[bold]{escape(host)}[/]: {escape(describe_server(model))}")
+        console.print(f"  policy: {escape(_policy_text(limiter, host))}")
     started = time.perf_counter()
     result = simulate(limiter, plan.server, workload, duration=plan.duration, seed=plan.seed)
     elapsed = time.perf_counter() - started
@@ -401,14 +402,14 @@ def simulate_command(
     console.print(chart_table(result, width or max(10, min(60, console.width - 28))))
     if plot is not None:
         plot_png(result, plot, f"throttlekit simulate: {plan.description}")
-        console.print(f"wrote {plot}")
+        console.print(f"wrote {escape(str(plot))}")
     if trace is not None:
         _write_trace(result, trace)
-        console.print(f"wrote {trace}")
+        console.print(f"wrote {escape(str(trace))}")
     if check:
         violations = check_respects(result, limiter)
         if violations:
             for violation in violations:
-                console.print(f"[red]violation[/]: {violation.message}")
+                console.print(f"[red]violation[/]: {escape(violation.message)}")
             raise typer.Exit(EXIT_FAILED)
         console.print("[green]check passed[/]: every rule of the policy was respected")
