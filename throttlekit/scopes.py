@@ -55,9 +55,11 @@ __all__ = [
 #: The scope of a request whose URL has no host.
 FALLBACK_SCOPE = "(no host)"
 
+#: Scopes with their costs, ``{scope: cost}``: what :func:`as_scope_costs` returns.
 ScopeCosts = dict[str, float]
 #: What a resolver may return: one scope, several, or scopes with costs.
 ScopesLike = str | Iterable[str] | Mapping[str, float]
+#: A resolver: takes a request-like, returns (or awaits to) its scopes.
 Resolver = Callable[[Any], ScopesLike | Awaitable[ScopesLike]]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}

@@ -56,6 +56,7 @@ __all__ = ["FailurePolicy", "RedisBackend", "RedisBackendStatistics"]
 
 logger = logging.getLogger(__name__)
 
+#: What :meth:`RedisBackend.acquire` does when Redis cannot be reached (see ``failure``).
 FailurePolicy = Literal["fail_open", "fail_closed"]
 
 INF: Final = math.inf
