@@ -294,7 +294,10 @@ async def test_two_backends_share_one_budget(redis_server: RedisServer, prefix: 
     policy = fast(concurrency=2, delay=0.0)
     one = throttlekit.Limiter(default=policy, backend=first)
     two = throttlekit.Limiter(default=policy, backend=second)
-    async with one.acquire(scopes="api"), two.acquire(scopes="api"):
+    async with one.acquire(scopes="api", timeout=0), two.acquire(scopes="api", timeout=0):
+        # timeout=0: one attempt (a round trip) but no waiting.
+        with pytest.raises(throttlekit.ThrottleTimeout):
+            await one.acquire(scopes="api", timeout=0).__aenter__()
         with pytest.raises(throttlekit.ThrottleTimeout):
             await two.acquire(scopes="api", timeout=0.1).__aenter__()
         stats = await first.scope_statistics(one, "api")
@@ -556,6 +559,7 @@ async def test_cancelled_waiters_and_reservations_give_everything_back(
         async with limiter.acquire(scopes={"c": 3.0}):
             pytest.fail("the reserved grant should still be sleeping")
     assert scope.cancelled_caught
+    assert backend.statistics().grants == 2  # it was granted, then handed back
     stats = await backend.scope_statistics(limiter, "c")
     assert stats.in_flight == 0
     assert stats.quota_used == pytest.approx(1.0)  # the reserved 3.0 was refunded
@@ -567,6 +571,37 @@ async def test_cancelled_waiters_and_reservations_give_everything_back(
     assert stats.in_flight == 0
     assert stats.waiting == 0
     assert backend.statistics().waiting == 0
+    await backend.aclose()
+
+
+@pytest.mark.anyio
+async def test_cancellation_at_any_point_leaks_nothing(
+    redis_server: RedisServer, admin: aioredis.Redis, prefix: str
+) -> None:
+    """Cancel 80 requests at random moments: waiting, in a round trip, reserved, or sending."""
+    backend = make_backend(redis_server, prefix)
+    limiter = throttlekit.Limiter(
+        default=fast(concurrency=3, delay=0.004, quota=1000.0, window=60.0), backend=backend
+    )
+    rng = random.Random(11)
+    sent = 0
+
+    async def one(after: float) -> None:
+        nonlocal sent
+        with anyio.move_on_after(after):
+            async with limiter.acquire(scopes="x"):
+                sent += 1
+                await anyio.sleep(0.005)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(80):
+            group.start_soon(one, rng.uniform(0.0, 0.15))
+    stats = await backend.scope_statistics(limiter, "x")
+    assert 0 < sent < 80
+    assert stats.in_flight == 0  # no lease left behind
+    assert stats.quota_used == pytest.approx(sent)  # only what was sent is counted
+    assert backend.statistics().waiting == 0
+    assert backend._queues == {}
     await backend.aclose()
 
 
@@ -767,7 +802,7 @@ async def test_restart_mid_run_fail_open_and_fail_closed(
             if started == "down":
                 during[name] += 1
 
-    with caplog.at_level(logging.WARNING, logger="throttlekit.backends.redis"):
+    with caplog.at_level(logging.INFO, logger="throttlekit.backends.redis"):
         async with anyio.create_task_group() as group:
             group.start_soon(loop, "open", open_limiter)
             group.start_soon(loop, "closed", closed_limiter)

@@ -14,7 +14,8 @@ Redis Cluster safe); ``KEYS`` holds six of them per scope, in this order:
     count; expired leases (crashed workers) are dropped before every decision.
 ``S`` state
     hash: ``next`` (earliest next send), ``last`` (last send) and ``factor``
-    (its jitter factor), backoff (``level``, ``step``,
+    (its jitter factor), ``turn`` (the latest wake-up time handed to a waiting
+    worker), backoff (``level``, ``step``,
     ``bconc``, ``bbase``, ``blk``, ``lsat``, ``lsig``, ``stepat``, ``bad``,
     ``good``, ``calm``, ``forgot``, ``pace``, ``paceu``) and AutoThrottle
     (``at``).
@@ -28,6 +29,9 @@ Redis Cluster safe); ``KEYS`` holds six of them per scope, in this order:
 ``W`` waiters flag
     a string that exists while some worker waits for a release; releases
     publish the scope's name on the backend's channel only then.
+``X:<lease id>`` tombstone
+    set for a minute when a caller gives up on an acquire call whose reply it
+    never saw; the call, should it still arrive, then grants nothing.
 
 A scope's policy travels in ``ARGV`` as :data:`POLICY_FIELDS` numbers (see
 ``_policy_args`` in :mod:`throttlekit.backends.redis`).
@@ -80,19 +84,19 @@ local function read_policy(b)
 end
 
 local NUMERIC = {'next', 'level', 'step', 'bconc', 'bbase', 'blk', 'lsat', 'stepat', 'bad',
-                 'calm', 'forgot', 'pace', 'paceu', 'last'}
+                 'calm', 'forgot', 'pace', 'paceu', 'last', 'turn'}
 
 -- A scope's state; absent numbers are 0 (times: "never"), good = -1 is "none known".
 local function load_state(key, p)
   local v = redis.call('HMGET', key, 'next', 'level', 'step', 'bconc', 'bbase', 'blk', 'lsat',
-                       'stepat', 'bad', 'calm', 'forgot', 'pace', 'paceu', 'last', 'good', 'at',
-                       'lsig', 'factor')
+                       'stepat', 'bad', 'calm', 'forgot', 'pace', 'paceu', 'last', 'turn', 'good',
+                       'at', 'lsig', 'factor')
   local st = {}
   for i = 1, #NUMERIC do st[NUMERIC[i]] = tonumber(v[i]) or 0 end
-  st.good = tonumber(v[15]) or -1
-  st.at = tonumber(v[16])
-  st.lsig = v[17] or ''
-  st.factor = tonumber(v[18]) or 1
+  st.good = tonumber(v[16]) or -1
+  st.at = tonumber(v[17])
+  st.lsig = v[18] or ''
+  st.factor = tonumber(v[19]) or 1
   if st.at == nil and p.aton == 1 then st.at = math.max(p.delay, p.atstart) end
   return st
 end
@@ -102,9 +106,9 @@ local function save_state(key, st, now, ttl)
              'bconc', st.bconc, 'bbase', st.bbase, 'blk', f(st.blk), 'lsat', f(st.lsat),
              'stepat', f(st.stepat), 'bad', g(st.bad), 'good', g(st.good), 'calm', st.calm,
              'forgot', st.forgot, 'pace', g(st.pace), 'paceu', f(st.paceu), 'lsig', st.lsig,
-             'last', f(st.last), 'factor', g(st.factor))
+             'last', f(st.last), 'turn', f(st.turn), 'factor', g(st.factor))
   if st.at ~= nil then redis.call('HSET', key, 'at', g(st.at)) end
-  local keep = math.max(ttl, st.blk - now, st.next - now, st.paceu - now)
+  local keep = math.max(ttl, st.blk - now, st.next - now, st.paceu - now, st.turn - now)
   redis.call('PEXPIRE', key, math.ceil(keep) + 1000)
 end
 
@@ -296,12 +300,14 @@ end
 
 #: Try to take a lease on every scope at once.
 #:
+#: KEYS: six per scope, then the lease's tombstone (``{prefix:first scope}:X:<lease id>``).
 #: ARGV: lease id, lease ms, reserve-ahead ms, state ttl ms, release recheck ms,
 #: number of scopes; then per scope: cost, a uniform random number in [0, 1)
 #: for the jitter, and the policy. Replies ``{1, wait_ms, send_at_ms, now_ms}`` (granted:
 #: send after ``wait_ms``) or ``{0, wait_ms, scope_index, reason, now_ms}`` with reason
 #: 1 = concurrency full (wait for a release or the earliest lease expiry),
-#: 2 = delay, slot delay, quota or server block (try again after ``wait_ms``).
+#: 2 = delay, slot delay, quota or server block (try again after ``wait_ms``),
+#: 3 = this lease id was handed back already (its caller gave up).
 ACQUIRE = (
     COMMON
     + CONTROLLERS
@@ -314,6 +320,9 @@ local ttl = tonumber(ARGV[4])
 local recheck = tonumber(ARGV[5])
 local n = tonumber(ARGV[6])
 
+-- A call that its caller gave up on (cancelled while the request was on its
+-- way) and that arrives after the hand-back must not grant anything.
+if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {0, '0', 1, 3, f(now)} end
 -- A retried call (the reply was lost) returns the grant it already made.
 local held = redis.call('ZSCORE', KEYS[1], lease_id)
 if held then
@@ -323,6 +332,7 @@ end
 
 local scopes = {}
 local ready, blocker = now, 1
+local pacing = 0
 for i = 1, n do
   local k = (i - 1) * 6
   local b = 7 + (i - 1) * 21
@@ -357,11 +367,24 @@ for i = 1, n do
     ready = r
     blocker = i
   end
+  if s.delay > pacing then pacing = s.delay end
   scopes[i] = s
 end
 
+-- A send may be reserved up to `reserve` ms ahead, but less than one delay, so
+-- that at most one reserved lease per scope holds a slot before its send.
+if pacing > 0 then reserve = math.min(reserve, 0.9 * pacing) end
 if ready - now > reserve then
-  return {0, f(ready - now - reserve / 2), blocker, 2, f(now)}
+  -- Not yet. Hand out turns one delay apart, so that the workers waiting on
+  -- this scope wake one after the other instead of all at once (a hint, not a
+  -- reservation: whoever asks first when a send is due gets it). A worker
+  -- wakes `reserve` ms before its turn, so its next attempt can reserve it.
+  local s = scopes[blocker]
+  local turn = ready
+  if s.delay > 0 and s.st.turn + s.delay > turn then turn = s.st.turn + s.delay end
+  s.st.turn = turn
+  save_state(s.S, s.st, now, ttl)
+  return {0, f(math.max(0, turn - now - reserve)), blocker, 2, f(now)}
 end
 
 local t = math.max(now, ready)
@@ -394,6 +417,7 @@ return {1, f(t - now), f(t), f(now)}
 
 #: Hand a lease back, with the feedback of its request.
 #:
+#: KEYS: as for :data:`ACQUIRE`.
 #: ARGV: lease id, send time ms, used (1 = sent, 0 = never sent: refund its
 #: quota), header wait ms (-1), pace ms (-1), pace-for ms, latency ms (-1),
 #: status (0 = none), adjust (0/1), signal name, channel, state ttl ms, number
@@ -464,6 +488,11 @@ for i = 1, n do
   if removed == 1 and redis.call('EXISTS', W) == 1 then
     redis.call('PUBLISH', channel, name)
   end
+end
+if used == 0 and found == 0 then
+  -- Handing back a grant that was never seen: if the acquire call is still on
+  -- its way, it must not grant (see ACQUIRE).
+  redis.call('SET', KEYS[#KEYS], '1', 'PX', 60000)
 end
 return found
 """

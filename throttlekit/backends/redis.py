@@ -117,6 +117,14 @@ def _client_location(client: Any) -> str:
     return f"{scheme}://{host}:{port}/{db}"
 
 
+def _remaining(deadline: float) -> float | None:
+    return None if deadline == INF else max(0.0, deadline - anyio.current_time())
+
+
+def _timeout(costs: Mapping[str, float]) -> ThrottleTimeout:
+    return ThrottleTimeout(f"no grant before the timeout for scopes {sorted(costs)}")
+
+
 def _check_seconds(name: str, value: object, *, minimum: float, strict: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
@@ -555,9 +563,8 @@ class RedisBackend:
                     f"cost {cost!r} for scope {scope!r} exceeds its quota {policy.quota!r}; "
                     "it could never be sent"
                 )
-        with anyio.move_on_after(INF if timeout is None else timeout):
-            return await self._acquire(limiter, costs, priority)
-        raise ThrottleTimeout(f"no grant within {timeout} s for scopes {sorted(costs)}")
+        deadline = INF if timeout is None else anyio.current_time() + timeout
+        return await self._acquire(limiter, costs, priority, deadline)
 
     async def release(
         self, lease: Any, feedback: Feedback | None, consumed: Mapping[str, float] | None
@@ -606,7 +613,7 @@ class RedisBackend:
             return False
         seconds = self.lease_time if lease_time is None else lease_time
         seconds = _check_seconds("lease_time", seconds, minimum=0.0, strict=True)
-        keys = lease.keys[0 :: len(_SUFFIXES)]
+        keys = lease.keys[0 : -1 : len(_SUFFIXES)]
         try:
             count = await self._renew_script(keys=keys, args=[lease.id, seconds * 1000.0])
         except _UNAVAILABLE as exc:
@@ -710,9 +717,12 @@ class RedisBackend:
         self._policy_cache[id(policy)] = (policy, args)
         return args
 
-    async def _acquire(self, limiter: Limiter, costs: dict[str, float], priority: int) -> Any:
+    async def _acquire(
+        self, limiter: Limiter, costs: dict[str, float], priority: int, deadline: float
+    ) -> Any:
+        """Attempt, then wait as Redis says, until a grant; ``deadline`` bounds the waits."""
         if self._down and self.failure == "fail_open" and anyio.current_time() < self._retry_at:
-            return await self._acquire_locally(limiter, costs, priority)
+            return await self._acquire_locally(limiter, costs, priority, deadline)
         if limiter.max_waiters is not None and self._waiting >= limiter.max_waiters:
             raise Overloaded(f"{self._waiting} requests are already waiting (max_waiters)")
         waiter = _Waiter(priority, next(self._seq))
@@ -721,14 +731,16 @@ class RedisBackend:
             while True:
                 ahead = self._local_blocker(costs, waiter)
                 if ahead is not None:
-                    await self._wait_in_line(waiter, ahead)
-                    continue
+                    with anyio.move_on_after(deadline - anyio.current_time()):
+                        await self._wait_in_line(waiter, ahead)
+                        continue
+                    raise _timeout(costs)
                 try:
-                    result = await self._attempt(limiter, costs, priority)
+                    result = await self._attempt(limiter, costs, priority, deadline)
                 except _UNAVAILABLE as exc:
                     self._unavailable(exc, raising=self.failure == "fail_closed")
                     self._leave(waiter)
-                    return await self._acquire_locally(limiter, costs, priority)
+                    return await self._acquire_locally(limiter, costs, priority, deadline)
                 if isinstance(result, _RedisLease):
                     self._leave(waiter)  # the next in line may try at once
                     return await self._until_send(result)
@@ -745,23 +757,35 @@ class RedisBackend:
                         continue  # releases reach us from now on: look again first
                 if full:
                     wait = min(wait, _RELEASE_RECHECK if self._pubsub else _POLL_WITHOUT_PUBSUB)
-                await self._wait_as_top(waiter, anyio.current_time() + min(wait, _MAX_WAIT), full)
+                wake = anyio.current_time() + min(wait, _MAX_WAIT)
+                if wake > deadline:
+                    # No grant before the deadline unless a release comes first.
+                    waiter.woken = False
+                    if full:
+                        await self._wait_as_top(waiter, deadline, full)
+                    else:
+                        await anyio.sleep_until(deadline)
+                    if not waiter.woken:
+                        raise _timeout(costs)
+                else:
+                    await self._wait_as_top(waiter, wake, full)
         finally:
             self._waiting -= 1
             self._leave(waiter)
 
     async def _acquire_locally(
-        self, limiter: Limiter, costs: dict[str, float], priority: int
+        self, limiter: Limiter, costs: dict[str, float], priority: int, deadline: float
     ) -> _LocalLease:
-        ticket = await limiter._acquire_local(costs, priority, None)
+        ticket = await limiter._acquire_local(costs, priority, _remaining(deadline))
         self._local_grants += 1
         return _LocalLease(limiter, ticket)
 
     async def _attempt(
-        self, limiter: Limiter, costs: dict[str, float], priority: int
+        self, limiter: Limiter, costs: dict[str, float], priority: int, deadline: float
     ) -> _RedisLease | tuple[str, float, bool]:
         """One acquire round trip: a lease, or (blocking scope, seconds to wait, full?)."""
-        gate = await limiter._acquire_local({}, priority, None)  # the per-process global cap
+        # The per-process global cap, held from the grant to the release.
+        gate = await limiter._acquire_local({}, priority, _remaining(deadline))
         lease_id = secrets.token_hex(8)
         keys: list[str] = []
         args: list[Any] = [
@@ -778,6 +802,7 @@ class RedisBackend:
             args.append(cost)
             args.append(rng.random())
             args.extend(self._policy(scope, limiter.policy(scope)))
+        keys.append(keys[0][:-1] + "X:" + lease_id)  # the tombstone of a given-up call
         self._acquire_calls += 1
         before = anyio.current_time()
         try:
@@ -911,7 +936,7 @@ class RedisBackend:
     def _back_up(self) -> None:
         if self._down:
             self._down = False
-            logger.warning("Redis at %s is back; shared throttling resumed", self._location)
+            logger.info("Redis at %s is back; shared throttling resumed", self._location)
 
     # -- internals: the local line -------------------------------------------------
 
@@ -1035,7 +1060,7 @@ class RedisBackend:
                     message = await pubsub.get_message(
                         ignore_subscribe_messages=True, timeout=remaining
                     )
-                except _UNAVAILABLE:
+                except (*_UNAVAILABLE, RuntimeError):  # RuntimeError: closed under us
                     await self._drop_pubsub()
                     return
                 if message is not None and message.get("type") in ("message", b"message"):

@@ -1,0 +1,329 @@
+"""The Redis backend against a local redis-server: cost per grant and shared rate.
+
+``run(quick)`` starts its own ``redis-server`` on a free port of 127.0.0.1
+(``--save '' --appendonly no``), measures, stops it and returns a dict:
+
+``single``
+    one process, one scope without delay, acquire + release one after the
+    other: microseconds per pair, ``EVALSHA`` calls per pair counted by the
+    server (``INFO commandstats``), the server's own round-trip floor (a
+    ``PING``) and the in-memory limiter for comparison.
+``concurrent``
+    the same with 16 tasks at once (grants per second).
+``multiprocess``
+    4 worker processes x 3 tasks share one scope (concurrency 3, delay
+    ``DELAY``, no jitter), each request held ``HOLD`` s, for ``duration`` s:
+    the aggregate rate of the send times (Redis clock) against the policy's
+    ``1 / DELAY``, the most leases held at once, and acquire round trips per
+    grant (from the server's ``EVALSHA`` count minus the releases). Run with
+    the default ``reserve_ahead`` and with ``reserve_ahead=0`` (grants only at
+    the current instant) to show what reserving buys.
+``targets``
+    DESIGN.md's: rate within 2 % of the policy, concurrency never exceeded,
+    one round trip per uncontended acquire.
+
+``python -m benchmarks.redis_bench [--quick]`` prints the dict as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import anyio
+
+import throttlekit
+from throttlekit.backends.redis import RedisBackend
+
+__all__ = ["DELAY", "HOLD", "run"]
+
+#: The shared scope's delay in the multi-process run (policy rate 1 / DELAY).
+DELAY = 0.02
+#: How long each request holds its permit in the multi-process run.
+HOLD = 0.005
+RESERVE_AHEAD = tuple(float(x) for x in os.environ.get("TK_RESERVE", "0.05,0.0").split(","))
+PROCESSES = 4
+TASKS = 3
+CONCURRENCY = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _Server:
+    def __init__(self, binary: str) -> None:
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+async def _evalsha_calls(client: Any) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def _policy() -> throttlekit.ScopePolicy:
+    return throttlekit.ScopePolicy(concurrency=None, delay=0.0, slot_delay=0.0)
+
+
+async def _single(url: str, ops: int) -> dict[str, Any]:
+    backend = RedisBackend.from_url(url, prefix="bench-single")
+    limiter = throttlekit.Limiter(default=_policy(), backend=backend, concurrency=None)
+    admin = backend.client
+    for _ in range(50):  # warm up: scripts loaded, connections open
+        async with limiter.acquire(scopes="s"):
+            pass
+    await admin.config_resetstat()
+    started = time.perf_counter()
+    for _ in range(ops):
+        async with limiter.acquire(scopes="s"):
+            pass
+    elapsed = time.perf_counter() - started
+    evalsha = await _evalsha_calls(admin)
+    started = time.perf_counter()
+    for _ in range(ops):
+        await admin.ping()
+    ping = time.perf_counter() - started
+    local = throttlekit.Limiter(default=_policy(), concurrency=None)
+    started = time.perf_counter()
+    for _ in range(ops):
+        async with local.acquire(scopes="s"):
+            pass
+    in_memory = time.perf_counter() - started
+    # 16 tasks at once on one scope.
+    done = 0
+    concurrent_ops = ops * 2
+
+    async def worker() -> None:
+        nonlocal done
+        while done < concurrent_ops:
+            done += 1
+            async with limiter.acquire(scopes="c"):
+                pass
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as group:
+        for _ in range(16):
+            group.start_soon(worker)
+    concurrent = time.perf_counter() - started
+    await backend.aclose()
+    return {
+        "single": {
+            "ops": ops,
+            "us_per_acquire_release": elapsed / ops * 1e6,
+            "evalsha_per_acquire_release": evalsha / ops,
+            "acquire_round_trips": evalsha / ops - 1.0,  # one of the two is the release
+            "ping_us": ping / ops * 1e6,
+            "in_memory_us_per_acquire_release": in_memory / ops * 1e6,
+        },
+        "concurrent": {
+            "tasks": 16,
+            "ops": done,
+            "grants_per_s": done / concurrent,
+        },
+    }
+
+
+def _worker_command(url: str, prefix: str, duration: float, reserve_ahead: float) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.redis_bench",
+        "--worker",
+        "--url",
+        url,
+        "--prefix",
+        prefix,
+        "--duration",
+        str(duration),
+        "--reserve-ahead",
+        str(reserve_ahead),
+    ]
+
+
+def _multiprocess(url: str, duration: float, reserve_ahead: float) -> dict[str, Any]:
+    import redis
+
+    prefix = f"bench-mp-{reserve_ahead:g}-{time.time():.0f}"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    workers = [
+        subprocess.Popen(
+            _worker_command(url, prefix, duration, reserve_ahead),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=root,
+            env=env,
+            text=True,
+        )
+        for _ in range(PROCESSES)
+    ]
+    admin = redis.Redis.from_url(url)
+    try:
+        for worker in workers:
+            assert worker.stdout is not None
+            line = worker.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"a benchmark worker failed to start: {line!r}")
+        admin.config_resetstat()
+        start_at = time.time() + 0.2
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write(f"{start_at}\n")
+            worker.stdin.flush()
+        records: list[tuple[float, float]] = []
+        calls = 0
+        for worker in workers:
+            output, _ = worker.communicate(timeout=duration + 30)
+            result = json.loads(output.strip().splitlines()[-1])
+            records.extend((send, end) for send, end in result["records"])
+            calls += result["acquire_calls"]
+        evalsha = int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+        admin.close()
+    sends = sorted(send for send, _ in records)
+    events = sorted([(send, 1) for send, _ in records] + [(end, -1) for _, end in records])
+    most = level = 0
+    for _, step in events:
+        level += step
+        most = max(most, level)
+    rate = (len(sends) - 1) / (sends[-1] - sends[0])
+    policy = 1.0 / DELAY
+    grants = len(records)
+    return {
+        "reserve_ahead": reserve_ahead,
+        "processes": PROCESSES,
+        "tasks_per_process": TASKS,
+        "duration_s": duration,
+        "grants": grants,
+        "policy_rate": policy,
+        "achieved_rate": rate,
+        "rate_error_pct": (rate - policy) / policy * 100.0,
+        "min_send_gap_ms": min(b - a for a, b in itertools.pairwise(sends)) * 1000,
+        "max_in_flight": most,
+        "concurrency": CONCURRENCY,
+        # Every grant was released once; the rest of the EVALSHA calls are acquire
+        # attempts (a few grants near the end were cancelled unsent).
+        "acquire_calls_per_grant": (evalsha - grants) / grants,
+        "client_acquire_calls_per_grant": calls / grants,
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Measure the Redis backend; ``quick`` uses small sizes (a smoke run)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return {"skipped": "redis-server is not installed"}
+    server = _Server(binary)
+    try:
+        version = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        result: dict[str, Any] = {"redis_server": version}
+        result.update(asyncio.run(_single(server.url, 300 if quick else 5000)))
+        duration = 2.0 if quick else 10.0
+        result["multiprocess"] = [
+            _multiprocess(server.url, duration, reserve_ahead) for reserve_ahead in RESERVE_AHEAD
+        ]
+    finally:
+        server.stop()
+    shared = result["multiprocess"][0]
+    result["targets"] = {
+        "aggregate rate within 2 % of the policy": abs(shared["rate_error_pct"]) <= 2.0,
+        "concurrency never exceeded": all(
+            run["max_in_flight"] <= run["concurrency"] for run in result["multiprocess"]
+        ),
+        "one round trip per uncontended acquire": result["single"]["acquire_round_trips"] == 1.0,
+    }
+    return result
+
+
+# -- the worker process ------------------------------------------------------------------
+
+
+async def _work(args: argparse.Namespace) -> None:
+    backend = RedisBackend.from_url(
+        args.url, prefix=args.prefix, reserve_ahead=args.reserve_ahead, failure="fail_closed"
+    )
+    policy = throttlekit.ScopePolicy(
+        concurrency=CONCURRENCY, delay=DELAY, slot_delay=0.0, jitter=0.0
+    )
+    limiter = throttlekit.Limiter(scopes={"bench": policy}, backend=backend, concurrency=None)
+    async with limiter.acquire(scopes="warm-up"):
+        pass
+    print("ready", flush=True)
+    start_at = float(await anyio.to_thread.run_sync(sys.stdin.readline))
+    await anyio.sleep(max(0.0, start_at - time.time()))
+    end = start_at + args.duration
+    records: list[tuple[float, float]] = []
+
+    async def task() -> None:
+        while True:
+            with anyio.move_on_after(end - time.time()):
+                async with limiter.acquire(scopes="bench") as permit:
+                    send = permit._ticket.send_at_ms / 1000.0
+                    await anyio.sleep(HOLD)
+                    records.append((send, time.time()))
+                continue
+            return
+
+    async with anyio.create_task_group() as group:
+        for _ in range(TASKS):
+            group.start_soon(task)
+    calls = backend.statistics().acquire_calls - 1
+    await backend.aclose()
+    print(json.dumps({"records": records, "acquire_calls": calls}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.redis_bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--duration", type=float, default=10.0, help=argparse.SUPPRESS)
+    parser.add_argument("--reserve-ahead", type=float, default=0.05, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        asyncio.run(_work(args))
+        return 0
+    print(json.dumps(run(args.quick), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
