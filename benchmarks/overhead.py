@@ -54,7 +54,7 @@ async def _uncontended(config: RunConfig, result: SuiteResult) -> None:
     cases: list[Case] = []
     factories: tuple[Callable[[], Awaitable[Case]], ...] = PEERS + THROTTLEKIT_CASES
     for factory in factories:
-        name = factory.__name__
+        name = factory.__name__.removesuffix("_case").replace("_", "-")
         try:
             cases.append(await factory())
         except PeerMissing as exc:
