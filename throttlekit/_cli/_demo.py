@@ -41,8 +41,8 @@ DEMO_SITES: dict[str, tuple[str, ServerModel]] = {
         CapacityServer(workers=2, service_time=0.25, jitter=0.2, size=20_000),
     ),
     "quota.test": (
-        "allows 5 requests/s, answers 429 beyond (Retry-After, RateLimit)",
-        QuotaServer(limit=5, window=1.0, latency=0.05, rate_limit_headers="ietf"),
+        "allows 5 requests/s, answers 429 with Retry-After beyond",
+        QuotaServer(limit=5, window=1.0, latency=0.05),
     ),
     "flaky.test": (
         "5% 503 errors, 2% hang until the client times out",
@@ -119,7 +119,7 @@ class _Crawl:
     def table(self, now: float, title: str) -> Table:
         elapsed = max(now - self.started, 1e-9)
         scopes = self.limiter.statistics().scopes
-        table = Table(title=title, title_justify="left")
+        table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1))
         for name, justify in (
             ("site", "left"),
             ("in flight", "right"),
@@ -129,10 +129,10 @@ class _Crawl:
             ("ok/s", "right"),
             ("429", "right"),
             ("5xx", "right"),
-            ("timeouts", "right"),
-            ("p50 latency", "right"),
+            ("failed", "right"),
+            ("latency", "right"),
         ):
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         for host in self.hosts:
             stats = self.stats[host]
             scope = scopes.get(host)
@@ -190,7 +190,8 @@ async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Conso
     async with LocalSites(models, seed=seed) as sites:
         console.print(
             f"local sites on {sites.proxy_url} (the crawler's HTTP proxy), crawled for "
-            f"{duration:g} s by {WORKERS_PER_SITE} workers per site through httpx + throttlekit:"
+            f"{duration:g} s by {WORKERS_PER_SITE} workers per site through httpx + throttlekit:",
+            soft_wrap=True,
         )
         for host, (behaviour, _) in DEMO_SITES.items():
             console.print(f"  [bold]{escape(host)}[/]  {escape(behaviour)}")
@@ -224,9 +225,11 @@ async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Conso
                             display.update(table)
                     tasks.cancel_scope.cancel()
         elapsed = anyio.current_time() - crawl.started
-        console.print(crawl.table(anyio.current_time(), f"after {elapsed:.1f} s"))
+        console.print()
+        console.print(crawl.table(anyio.current_time(), f"after {elapsed:.1f} s:"))
+        console.print()
         for line in _report(crawl, sites, elapsed):
-            console.print(line, markup=False)
+            console.print(line, markup=False, soft_wrap=True)
 
 
 class _Nothing:

@@ -97,10 +97,10 @@ class LocalSites:
             answer = responder(SimRequest(url=str(request.url)), asyncio.get_running_loop().time())
             await asyncio.sleep(answer.latency)
             if answer.exception is not None or answer.status is None:
-                # A hang (the client gives up first) or a dropped connection.
+                # A hang (the client has given up by now) or a dropped connection.
                 if request.transport is not None:
                     request.transport.abort()
-                raise ConnectionResetError("dropped by the simulated site")
+                return web.Response(status=504)  # never delivered: the connection is gone
             record.statuses[answer.status] += 1
             body = b"blocked" if answer.blocked else b"x" * answer.size
             return web.Response(status=answer.status, headers=dict(answer.headers), body=body)
