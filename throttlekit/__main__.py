@@ -6,6 +6,9 @@ import sys
 
 __all__ = ["main"]
 
+#: The modules of the ``cli`` extra that the command line imports at start.
+_CLI_MODULES = frozenset({"typer", "rich", "tomli", "click", "shellingham"})
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``throttlekit`` command line; return its exit code.
@@ -16,8 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     try:
         from ._cli import run
-    except ImportError as exc:
-        missing = exc.name or "a dependency"
+    except ModuleNotFoundError as exc:
+        if exc.name not in _CLI_MODULES:
+            raise
+        missing = exc.name
         print(
             f"throttlekit: the command line needs {missing}, which is not installed: "
             'pip install "throttlekit[cli]"',
