@@ -532,6 +532,21 @@ def test_large_quota_request_is_not_starved_by_small_ones() -> None:
     assert core.dispatch(10.0) == [big, small]
 
 
+def test_higher_priority_passes_a_lower_one_waiting_for_quota() -> None:
+    core = Scheduler(
+        default=ScopePolicy(concurrency=None, delay=0, slot_delay=0, quota=3.0, window=10.0),
+        concurrency=None,
+    )
+    assert core.enqueue(core.make_ticket({"api": 2.0}, 0, 0.0), 0.0)
+    big = core.make_ticket({"api": 2.0}, 0, 1.0)
+    assert not core.enqueue(big, 1.0)
+    core.dispatch(1.0)
+    urgent = core.make_ticket({"api": 1.0}, 5, 2.0)
+    assert core.enqueue(urgent, 2.0), "the queued request is behind it in priority"
+    ordinary = core.make_ticket({"api": 0.5}, 0, 2.0)
+    assert not core.enqueue(ordinary, 2.0), "equal priority: the big request is first in line"
+
+
 def test_higher_priority_goes_first() -> None:
     core = Scheduler(default=ScopePolicy(concurrency=1, delay=0, slot_delay=0))
     holder = core.make_ticket({"s": 1.0}, 0, 0.0)
