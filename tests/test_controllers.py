@@ -243,7 +243,12 @@ def test_autothrottle_settings() -> None:
 
 
 def _backoff_ledger(**backoff: Any) -> ScopeLedger:
-    return ScopeLedger(SCOPE, ScopePolicy(concurrency=4, delay=0.0, backoff=Backoff(**backoff)))
+    """A ledger with its backoff state created up front (normally the first signal does it)."""
+    ledger = ScopeLedger(SCOPE, ScopePolicy(concurrency=4, delay=0.0, backoff=Backoff(**backoff)))
+    assert ledger.controllers == ()  # lazy: nothing until a signal or rate-limit header
+    ledger.on_feedback(Feedback(status=200, rate_limit=_info(retry_after=0.0)), -1.0)
+    assert len(ledger.controllers) == 1
+    return ledger
 
 
 def test_backoff_burst_from_in_flight_requests_is_one_step() -> None:

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ._backoff import Backoff
+from ._backoff import Backoff, BackoffState
 from ._policy import ScopePolicy
 
 _DEFAULT_BACKOFF = Backoff()
 
 if TYPE_CHECKING:
-    from ._controller import Controller
+    from ._controller import Controller, Feedback
     from ._scheduler import Ticket
 
 __all__ = ["QuotaEntry", "ScopeLedger", "build_controllers"]
@@ -26,19 +26,27 @@ _EPSILON = 1e-9
 
 
 def build_controllers(ledger: ScopeLedger, policy: ScopePolicy) -> tuple[Controller, ...]:
-    """The controllers a policy asks for, in order: rampup, backoff, AutoThrottle, custom."""
+    """The controllers a policy asks for, in order: rampup, backoff, AutoThrottle, custom.
+
+    Plain backoff (without rampup) is left out: it does nothing until the first
+    signal or rate-limit header, so :meth:`ScopeLedger.on_feedback` adds it
+    then. That keeps idle scopes small and the grant path short.
+    """
     controllers: list[Controller] = []
     backoff = policy.backoff
     if policy.rampup is not None:
         controllers.append(policy.rampup.controller(ledger, backoff or _DEFAULT_BACKOFF))
         if backoff is not None:
-            backoff = attrs.evolve(backoff, headers_only=True)
-    if backoff is not None:
-        controllers.append(backoff.controller(ledger))
+            controllers.append(attrs.evolve(backoff, headers_only=True).controller(ledger))
     if policy.autothrottle is not None:
         controllers.append(policy.autothrottle.controller(ledger))
     controllers.extend(factory(policy) for factory in policy.controllers)
     return tuple(controllers)
+
+
+def _asks_to_wait(feedback: Feedback) -> bool:
+    info = feedback.rate_limit
+    return info is not None and (info.wait() is not None or info.pace() is not None)
 
 
 class QuotaEntry:
@@ -76,6 +84,7 @@ class ScopeLedger:
         "in_flight",
         "jitter",
         "last_send",
+        "listed_at",
         "name",
         "next_send_at",
         "policy",
@@ -106,6 +115,10 @@ class ScopeLedger:
         self.dirty = False
         self.idle = False
         self.idle_since = -INF
+        # idle_since when the scheduler last (re)placed it in its idle order; None if
+        # not listed there. A listed ledger that became busy, or idle again later,
+        # is re-examined lazily by the eviction sweep.
+        self.listed_at: float | None = None
         self.controllers = build_controllers(self, policy)
         self.delay = policy.delay
         self.jitter = policy.jitter
@@ -157,6 +170,20 @@ class ScopeLedger:
         self.jitter = jitter
         self.concurrency = None if concurrency is None else max(1, concurrency)
         self.blocked_until = blocked
+
+    def on_feedback(self, feedback: Feedback, now: float) -> None:
+        """Pass a response's feedback to the controllers (creating backoff on its first use)."""
+        backoff = self.policy.backoff
+        if (
+            backoff is not None
+            and self.policy.rampup is None
+            and (backoff.is_signal(feedback) or _asks_to_wait(feedback))
+        ) and not any(isinstance(c, BackoffState) for c in self.controllers):
+            self.controllers = (backoff.controller(self), *self.controllers)
+        if self.controllers:
+            for controller in self.controllers:
+                controller.on_feedback(feedback, now)
+            self.refresh()
 
     def set_policy(self, policy: ScopePolicy) -> None:
         """Switch to ``policy``; controllers are rebuilt only if their configuration changed."""

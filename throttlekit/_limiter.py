@@ -118,9 +118,26 @@ class Permit:
     async def __aenter__(self) -> Permit:
         if self._ticket is not None:
             raise RuntimeError("a permit can be entered only once")
-        self._ticket = await self._limiter._acquire(
-            self._request, self._priority, self._timeout, self._scopes
-        )
+        limiter = self._limiter
+        # Fast path, no await: a URL string, the default resolver, one scope with room.
+        request = self._request
+        if (
+            self._scopes is None
+            and type(request) is str
+            and limiter.resolver is _scopes.by_host
+            and limiter._backend is None
+        ):
+            loop = _get_running_loop()
+            ticket = limiter._core.grant_one(
+                _scopes.by_host(request),
+                1.0,
+                self._priority,
+                loop.time() if loop is not None else anyio.current_time(),
+            )
+            if ticket is not None:
+                self._ticket = ticket
+                return self
+        self._ticket = await limiter._acquire(request, self._priority, self._timeout, self._scopes)
         return self
 
     async def __aexit__(
@@ -129,12 +146,14 @@ class Permit:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        backend = self._limiter._backend
-        if backend is not None and self._ticket is not None:
-            lease, self._ticket = self._ticket, None
-            await backend.release(lease, self._feedback, self._consumed)
+        limiter = self._limiter
+        ticket = self._ticket
+        if limiter._backend is not None and ticket is not None:
+            self._ticket = None
+            await limiter._backend.release(ticket, self._feedback, self._consumed)
             return
-        self.release()
+        if ticket is not None and ticket.state == GRANTED:
+            limiter._release(ticket)
 
     def __enter__(self) -> Permit:
         if self._ticket is None:

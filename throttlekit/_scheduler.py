@@ -37,6 +37,7 @@ CANCELLED: Final = 3
 _STATE_NAMES: Final = ("waiting", "granted", "released", "cancelled")
 
 _QueueEntry = tuple[int, int, "Ticket"]
+_NO_ENTRY: tuple[None] = (None,)
 
 
 class GlobalGate:
@@ -188,6 +189,14 @@ class Scheduler:
         spared = 0
         while idle and spared < len(idle):
             name, ledger = next(iter(idle.items()))
+            if not ledger.idle:  # busy since it was listed: unlist it (it is relisted when idle)
+                del idle[name]
+                ledger.listed_at = None
+                continue
+            if ledger.idle_since != ledger.listed_at:  # idle again since: move to its place
+                idle.move_to_end(name)
+                ledger.listed_at = ledger.idle_since
+                continue
             if ledger in keep or (
                 len(self.scopes) <= self.max_scopes and ledger.idle_since > horizon
             ):
@@ -201,17 +210,18 @@ class Scheduler:
             del idle[name]
             del self.scopes[name]
             ledger.idle = False
+            ledger.listed_at = None
 
     def _update_idle(self, ledger: ScopeLedger, now: float) -> None:
-        busy = ledger.in_flight or ledger.waiting
-        if busy:
-            if ledger.idle:
-                ledger.idle = False
-                self._idle.pop(ledger.name, None)
+        """Keep ``ledger.idle`` exact; the idle order is brought up to date lazily by _evict."""
+        if ledger.in_flight or ledger.waiting:
+            ledger.idle = False
         elif not ledger.idle:
             ledger.idle = True
             ledger.idle_since = now
-            self._idle[ledger.name] = ledger
+            if ledger.listed_at is None:
+                ledger.listed_at = now
+                self._idle[ledger.name] = ledger
 
     def iter_scopes(self) -> Iterator[ScopeLedger]:
         return iter(self.scopes.values())
@@ -239,6 +249,34 @@ class Scheduler:
         if created:
             self._evict(now, tuple(ledgers))
         return Ticket(tuple(ledgers), tuple(values), priority, next(self._seq))
+
+    def grant_one(self, name: str, cost: float, priority: int, now: float) -> Ticket | None:
+        """Grant a one-scope request at once if nothing stands in its way, else ``None``.
+
+        The uncontended fast path: it equals ``make_ticket`` + ``try_grant`` for a
+        scope that already exists, has no queue, and admits ``cost`` now (and a
+        global cap with room and no queue). Anything else returns ``None`` without
+        side effects, and the caller takes the general path.
+        """
+        ledger = self.scopes.get(name)
+        if ledger is None or ledger.queue:
+            return None
+        gate = self.gate
+        if gate.limit is not None and (gate.in_flight >= gate.limit or gate.queue):
+            return None
+        quota = ledger.policy.quota
+        if quota is not None and cost > quota:
+            return None  # the general path raises the ValueError
+        if ledger.ready_at(cost, now) > now:
+            return None
+        ticket = Ticket((ledger,), (cost,), priority, next(self._seq))
+        entry = ledger.grant(cost, now, self.rng)
+        ledger.idle = False
+        ticket.quota_entries = _NO_ENTRY if entry is None else (entry,)
+        ticket.state = GRANTED
+        ticket.granted_at = now
+        self.gate.in_flight += 1
+        return ticket
 
     def try_grant(self, ticket: Ticket, now: float) -> bool:
         """Grant ``ticket`` now if every scope and the global cap admit it."""
@@ -297,10 +335,7 @@ class Scheduler:
                 entry = ticket.quota_entries[index]
                 if entry is not None:
                     ledger.reconcile(entry, consumed[ledger.name])
-            if ledger.controllers:
-                for controller in ledger.controllers:
-                    controller.on_feedback(feedback, now)
-                ledger.refresh()
+            ledger.on_feedback(feedback, now)
             if ledger.waiting:
                 self._mark(ledger)
 
@@ -393,8 +428,7 @@ class Scheduler:
         entries = []
         for ledger, cost in zip(ticket.ledgers, ticket.costs, strict=False):
             entries.append(ledger.grant(cost, now, rng))
-            if ledger.idle:  # after grant(): an idle scope is busy only once it holds one
-                self._update_idle(ledger, now)
+            ledger.idle = False  # it holds a grant now (its idle order is fixed lazily)
             if waiting:
                 ledger.waiting -= 1
         if waiting:
@@ -419,18 +453,22 @@ class Scheduler:
 
     def _drain_scope(self, ledger: ScopeLedger, now: float, granted: list[Ticket]) -> None:
         queue = ledger.queue
+        gate = self.gate
         while True:
             ticket = _head(queue, ledger)
             if ticket is None:
                 return
             assert queue is not None
-            cost = ticket.costs[ticket.ledgers.index(ledger)]
+            ledgers = ticket.ledgers
+            single = len(ledgers) == 1
+            cost = ticket.costs[0] if single else ticket.costs[ledgers.index(ledger)]
             ready = ledger.ready_at(cost, now)
             if ready > now:
                 if ready < INF:
                     self._arm(ledger, ready)
                 return
-            blocker = self._blocker(ticket, now, ledger)
+            # A one-scope ticket with no global cap has nothing else to ask.
+            blocker = None if single and gate.limit is None else self._blocker(ticket, now, ledger)
             heapq.heappop(queue)
             if blocker is None:
                 self._grant(ticket, now)

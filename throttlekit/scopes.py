@@ -185,15 +185,36 @@ def _fast_host(url: str) -> str | None:
     return netloc
 
 
+# Host of each recently seen origin prefix (``https://example.com``): the text of an
+# http(s) URL up to the first "/" after the scheme holds its whole authority, so it
+# determines the host. Bounded; cleared when full (a miss only costs a re-parse).
+_ORIGINS: dict[str, str] = {}
+_ORIGINS_MAX = 4096
+
+
+def _host_uncached(url: str) -> str:
+    host = _fast_host(url)
+    return host if host is not None else _host_of(url)
+
+
 def by_host(request: Any) -> str:
     """The request's host, lower-cased; the port is kept when it is not the default.
 
     ``https://Books.toscrape.com/x`` → ``books.toscrape.com``;
     ``http://127.0.0.1:8080/`` → ``127.0.0.1:8080``; no host → :data:`FALLBACK_SCOPE`.
     """
-    url = request if isinstance(request, str) else request_url(request)
-    host = _fast_host(url)
-    return host if host is not None else _host_of(url)
+    url = request if type(request) is str else request_url(request)
+    if url.startswith(("https://", "http://")):
+        end = url.find("/", 8)
+        origin = url if end < 0 else url[:end]
+        host = _ORIGINS.get(origin)
+        if host is None:
+            host = _host_uncached(url)
+            if len(_ORIGINS) >= _ORIGINS_MAX:
+                _ORIGINS.clear()
+            _ORIGINS[origin] = host
+        return host
+    return _host_uncached(url)
 
 
 _EXTRACT: Any = None
