@@ -572,12 +572,7 @@ class Limiter:
             costs = _scopes.as_scope_costs(await costs)
         if self._backend is not None:
             return await self._backend.acquire(self, costs, priority=priority, timeout=timeout)
-        core = self._core
-        now = _now()
-        ticket = core.make_ticket(costs, priority, now)
-        if core.try_grant(ticket, now):
-            return ticket  # the fast path: no await, no yield to the event loop
-        return await self._wait_for_grant(ticket, now, timeout)
+        return await self._acquire_local(costs, priority, timeout)
 
     async def _acquire_local(
         self,
