@@ -605,3 +605,31 @@ async def test_custom_controller_moves_the_delay() -> None:
             permit.record(status=status)
     gaps = [b - a for a, b in itertools.pairwise(sends)]
     assert gaps == pytest.approx([0.5, 1.0, 1.0])  # the new delay counts from the 500
+
+
+@pytest.mark.anyio
+async def test_feedback_for_some_scopes_only() -> None:
+    """A scraping API's upstream status concerns the target site, not the API."""
+    fast = ScopePolicy(concurrency=None, delay=0.0, slot_delay=0.0)
+    limiter = Limiter(default=fast)
+    async with limiter.acquire(scopes={"api.test": 1.0, "target.test": 1.0}) as permit:
+        permit.record(status=200)  # the API answered fine...
+        permit.record(status=429, scopes={"target.test"})  # ...the target site did not
+        with pytest.raises(ValueError, match="does not hold"):
+            permit.record(status=429, scopes=["other.test"])
+    stats = limiter.statistics().scopes
+    assert stats["target.test"].backoff_level == 1
+    assert stats["api.test"].backoff_level == 0
+    assert stats["api.test"].delay == 0.0
+
+
+@pytest.mark.anyio
+async def test_rampup_slows_down_within_the_window_when_far_past_the_target() -> None:
+    policy = ScopePolicy(concurrency=1, delay=0.0, slot_delay=0.0, rampup=Rampup(window=60.0))
+    limiter = Limiter(default=policy)
+    for _ in range(6):
+        async with limiter.acquire(URL) as permit:
+            permit.record(status=429)
+    state = limiter._core.scopes[SCOPE].controllers[0]
+    assert state.rung == -1  # stepped down after 6 signals, long before the window ended
+    assert limiter.statistics().scopes[SCOPE].delay > 0.0

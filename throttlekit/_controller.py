@@ -28,6 +28,8 @@ class Feedback:
     :param adjust_delay: ``False`` when the request asked latency-driven
         controllers not to learn from it (``autothrottle_dont_adjust_delay``).
     :param sent_at: when the request was sent (the grant time, limiter clock).
+    :param scopes: the scopes this feedback is for; ``None`` means all the
+        permit's scopes.
     """
 
     status: int | None = None
@@ -38,6 +40,7 @@ class Feedback:
     rate_limit: RateLimitInfo | None = None
     adjust_delay: bool = True
     sent_at: float | None = None
+    scopes: frozenset[str] | None = None
 
 
 @runtime_checkable

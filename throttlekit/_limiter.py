@@ -9,7 +9,7 @@ import random
 import time
 from asyncio import _get_running_loop
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,16 @@ def _now() -> float:
 
 
 INF = math.inf
+
+
+def _only(scopes: Iterable[str], granted: Mapping[str, float]) -> frozenset[str]:
+    names = frozenset([scopes] if isinstance(scopes, str) else scopes)
+    unknown = names - granted.keys()
+    if unknown:
+        raise ValueError(
+            f"record(scopes=...) names scopes the permit does not hold: {sorted(unknown)}"
+        )
+    return names
 
 
 def _status_of(response: Any) -> int | None:
@@ -195,6 +205,7 @@ class Permit:
         size: int | None = None,
         consumed: Mapping[str, float] | None = None,
         adjust_delay: bool | None = None,
+        scopes: Iterable[str] | None = None,
     ) -> Feedback:
         """Report how the request went, so the scope's controllers can react.
 
@@ -211,6 +222,10 @@ class Permit:
         :param adjust_delay: ``False`` keeps latency controllers from learning
             from this response; by default it is ``False`` when the request's
             meta has ``autothrottle_dont_adjust_delay``.
+        :param scopes: give the feedback to these of the permit's scopes only
+            (e.g. an upstream status that concerns the target site's scope,
+            not the scraping API's); default: all of them. ``consumed``
+            applies regardless.
         :returns: the :class:`Feedback` that was recorded.
         """
         ticket = self._ticket
@@ -239,6 +254,7 @@ class Permit:
             latency=latency,
             size=size,
             adjust_delay=adjust_delay,
+            scopes=None if scopes is None else _only(scopes, ticket.scopes),
         )
         if limiter._backend is not None:
             # A shared backend learns the feedback when the permit is released.

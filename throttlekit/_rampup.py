@@ -57,7 +57,8 @@ class Rampup:
     signals (the scope's :class:`Backoff` codes and exceptions):
 
     * fewer than ``target`` (or its low end): one rung faster;
-    * more than ``target`` (or its high end): one rung slower;
+    * more than ``target`` (or its high end): one rung slower, at once
+      when the count passes ``3 * high + 2`` before the window ends;
     * within the target: stay.
 
     It remembers the fastest rung that was too fast and the fastest that was
@@ -173,6 +174,10 @@ class RampupState:
         self._tick(now)
         if self._backoff.is_signal(feedback):
             self._signals += 1
+            if self._signals > 3 * self.config.target[1] + 2:
+                # Far past the target already: slow down now rather than
+                # hammering the server for the rest of the window.
+                self._evaluate(now)
 
     def _tick(self, now: float) -> bool:
         if self._window_start is None:

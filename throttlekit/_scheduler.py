@@ -329,12 +329,15 @@ class Scheduler:
         now: float,
         consumed: Mapping[str, float] | None = None,
     ) -> None:
-        """Tell the scopes of ``ticket`` how its request went."""
+        """Tell the scopes of ``ticket`` (or ``feedback.scopes`` of them) how its request went."""
+        only = feedback.scopes
         for index, ledger in enumerate(ticket.ledgers):
             if consumed and ledger.name in consumed and index < len(ticket.quota_entries):
                 entry = ticket.quota_entries[index]
                 if entry is not None:
                     ledger.reconcile(entry, consumed[ledger.name])
+            if only is not None and ledger.name not in only:
+                continue
             ledger.on_feedback(feedback, now)
             if ledger.waiting:
                 self._mark(ledger)
