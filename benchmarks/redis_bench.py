@@ -50,7 +50,8 @@ __all__ = ["DELAY", "HOLD", "run"]
 DELAY = 0.02
 #: How long each request holds its permit in the multi-process run.
 HOLD = 0.005
-RESERVE_AHEAD = tuple(float(x) for x in os.environ.get("TK_RESERVE", "0.05,0.0").split(","))
+#: The backend's ``reserve_ahead`` values compared (the default first).
+RESERVE_AHEAD = (0.05, 0.0)
 PROCESSES = 4
 TASKS = 3
 CONCURRENCY = 3
@@ -257,7 +258,8 @@ def run(quick: bool) -> dict[str, Any]:
         result.update(asyncio.run(_single(server.url, 300 if quick else 5000)))
         duration = 2.0 if quick else 10.0
         result["multiprocess"] = [
-            _multiprocess(server.url, duration, reserve_ahead) for reserve_ahead in RESERVE_AHEAD
+            _multiprocess(server.url, duration, reserve_ahead)
+            for reserve_ahead in (RESERVE_AHEAD[:1] if quick else RESERVE_AHEAD)
         ]
     finally:
         server.stop()

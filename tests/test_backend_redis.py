@@ -406,6 +406,17 @@ async def test_backoff_and_retry_after_are_shared(redis_server: RedisServer, pre
 
 
 @pytest.mark.anyio
+async def test_feedback_for_some_scopes_only(redis_server: RedisServer, prefix: str) -> None:
+    backend = make_backend(redis_server, prefix)
+    limiter = throttlekit.Limiter(default=fast(concurrency=4, delay=0.0), backend=backend)
+    async with limiter.acquire(scopes={"api": 1.0, "site": 1.0}) as permit:
+        permit.record(status=503, scopes={"site"})  # the site failed, not the API
+    assert (await backend.scope_statistics(limiter, "site")).backoff_level == 1
+    assert (await backend.scope_statistics(limiter, "api")).backoff_level == 0
+    await backend.aclose()
+
+
+@pytest.mark.anyio
 async def test_autothrottle_delay_is_shared(redis_server: RedisServer, prefix: str) -> None:
     backend = make_backend(redis_server, prefix)
     policy = fast(concurrency=4, delay=0.0, autothrottle=AutoThrottle(start_delay=0.1))
@@ -509,8 +520,7 @@ async def test_lua_controllers_match_the_in_memory_ones(
             assert feedback.sent_at is not None
             args += ["feedback", now * 1000, signal, name, feedback.sent_at * 1000]
             args += [hwait, pace, pace_for, latency, status, adjust, ledger.in_flight]
-            for controller in ledger.controllers:
-                controller.on_feedback(feedback, now)
+            ledger.on_feedback(feedback, now)
         ledger.refresh()
         blocked = ledger.blocked_until
         expected.append(

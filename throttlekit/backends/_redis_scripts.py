@@ -302,9 +302,10 @@ end
 #:
 #: KEYS: six per scope, then the lease's tombstone (``{prefix:first scope}:X:<lease id>``).
 #: ARGV: lease id, lease ms, reserve-ahead ms, state ttl ms, release recheck ms,
-#: number of scopes; then per scope: cost, a uniform random number in [0, 1)
+#: number of scopes, the turn this caller was given last (ms, 0 = none; a value
+#: Redis handed out, not a client clock); then per scope: cost, a uniform random number in [0, 1)
 #: for the jitter, and the policy. Replies ``{1, wait_ms, send_at_ms, now_ms}`` (granted:
-#: send after ``wait_ms``) or ``{0, wait_ms, scope_index, reason, now_ms}`` with reason
+#: send after ``wait_ms``) or ``{0, wait_ms, scope_index, reason, now_ms[, turn_ms]}`` with reason
 #: 1 = concurrency full (wait for a release or the earliest lease expiry),
 #: 2 = delay, slot delay, quota or server block (try again after ``wait_ms``),
 #: 3 = this lease id was handed back already (its caller gave up).
@@ -319,6 +320,7 @@ local reserve = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 local recheck = tonumber(ARGV[5])
 local n = tonumber(ARGV[6])
+local myturn = tonumber(ARGV[7])
 
 -- A call that its caller gave up on (cancelled while the request was on its
 -- way) and that arrives after the hand-back must not grant anything.
@@ -335,7 +337,7 @@ local ready, blocker = now, 1
 local pacing = 0
 for i = 1, n do
   local k = (i - 1) * 6
-  local b = 7 + (i - 1) * 21
+  local b = 8 + (i - 1) * 21
   local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
              C = KEYS[k + 5], cost = tonumber(ARGV[b]), u = tonumber(ARGV[b + 1])}
   local p = read_policy(b + 2)
@@ -379,12 +381,19 @@ if ready - now > reserve then
   -- this scope wake one after the other instead of all at once (a hint, not a
   -- reservation: whoever asks first when a send is due gets it). A worker
   -- wakes `reserve` ms before its turn, so its next attempt can reserve it.
+  -- A worker that comes for its turn and finds the send moved by less than a
+  -- delay (someone before it was late) keeps its place: it comes back for
+  -- that send instead of queueing behind everyone again.
   local s = scopes[blocker]
   local turn = ready
-  if s.delay > 0 and s.st.turn + s.delay > turn then turn = s.st.turn + s.delay end
-  s.st.turn = turn
-  save_state(s.S, s.st, now, ttl)
-  return {0, f(math.max(0, turn - now - reserve)), blocker, 2, f(now)}
+  if not (myturn > 0 and ready <= myturn + pacing) then
+    if s.delay > 0 and s.st.turn + s.delay > turn then turn = s.st.turn + s.delay end
+  end
+  if turn > s.st.turn then
+    s.st.turn = turn
+    save_state(s.S, s.st, now, ttl)
+  end
+  return {0, f(math.max(0, turn - now - reserve)), blocker, 2, f(now), f(turn)}
 end
 
 local t = math.max(now, ready)
@@ -422,8 +431,9 @@ return {1, f(t - now), f(t), f(now)}
 #: quota), header wait ms (-1), pace ms (-1), pace-for ms, latency ms (-1),
 #: status (0 = none), adjust (0/1), signal name, channel, state ttl ms, number
 #: of scopes; then per scope: scope name, consumed cost (-1 = as declared),
-#: backoff signal (0/1) and the policy. Replies the number of scopes where the
-#: lease was still valid (fewer than the scopes: it had expired).
+#: backoff signal (1, 0, or -1 = no feedback for this scope) and the policy.
+#: Replies the number of scopes where the lease was still valid (fewer than
+#: the scopes: it had expired).
 RELEASE = (
     COMMON
     + CONTROLLERS
@@ -452,7 +462,7 @@ for i = 1, n do
   if expiry and expiry > now then found = found + 1 end
   redis.call('ZREMRANGEBYSCORE', L, '-inf', f(now))
   local inflight = redis.call('ZCARD', L)
-  if used == 1 then
+  if used == 1 and fb.signal >= 0 then
     local st = load_state(S, p)
     local before = effective(st, p)
     on_feedback(st, p, now, fb, inflight + removed)
@@ -462,15 +472,16 @@ for i = 1, n do
       st.next = st.last + after * st.factor
     end
     save_state(S, st, now, ttl)
-    if removed == 1 and p.slot > 0 then
-      local _, conc = effective(st, p)
-      if conc > 0 then
-        redis.call('ZADD', T, f(fb.sent), lease_id)
-        local extra = redis.call('ZCARD', T) - math.max(0, conc - inflight)
-        if extra > 0 then redis.call('ZPOPMIN', T, extra) end
-        if redis.call('EXISTS', T) == 1 then
-          redis.call('PEXPIRE', T, math.ceil(math.max(0, fb.sent + p.slot - now)) + 1000)
-        end
+  end
+  if used == 1 and removed == 1 and p.slot > 0 then
+    -- The freed slot remembers its send time (ScopeLedger.release()).
+    local _, conc = effective(load_state(S, p), p)
+    if conc > 0 then
+      redis.call('ZADD', T, f(fb.sent), lease_id)
+      local extra = redis.call('ZCARD', T) - math.max(0, conc - inflight)
+      if extra > 0 then redis.call('ZPOPMIN', T, extra) end
+      if redis.call('EXISTS', T) == 1 then
+        redis.call('PEXPIRE', T, math.ceil(math.max(0, fb.sent + p.slot - now)) + 1000)
       end
     end
   end

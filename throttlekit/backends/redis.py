@@ -216,7 +216,7 @@ def _feedback_args(feedback: Feedback | None) -> list[float | str]:
 class _Waiter:
     """One acquire() waiting in this process."""
 
-    __slots__ = ("event", "priority", "queue", "seq", "woken")
+    __slots__ = ("event", "priority", "queue", "seq", "turn", "woken")
 
     def __init__(self, priority: int, seq: int) -> None:
         self.priority = priority
@@ -224,6 +224,7 @@ class _Waiter:
         self.queue: str | None = None  # the local scope queue it stands in
         self.event = anyio.Event()
         self.woken = False
+        self.turn = 0.0  # the last turn Redis gave it (Redis clock, ms; 0 = none)
 
     def before(self, other: _Waiter) -> bool:
         return self.priority > other.priority or (
@@ -736,7 +737,7 @@ class RedisBackend:
                         continue
                     raise _timeout(costs)
                 try:
-                    result = await self._attempt(limiter, costs, priority, deadline)
+                    result = await self._attempt(limiter, costs, waiter, deadline)
                 except _UNAVAILABLE as exc:
                     self._unavailable(exc, raising=self.failure == "fail_closed")
                     self._leave(waiter)
@@ -781,11 +782,15 @@ class RedisBackend:
         return _LocalLease(limiter, ticket)
 
     async def _attempt(
-        self, limiter: Limiter, costs: dict[str, float], priority: int, deadline: float
+        self,
+        limiter: Limiter,
+        costs: dict[str, float],
+        waiter: _Waiter,
+        deadline: float,
     ) -> _RedisLease | tuple[str, float, bool]:
         """One acquire round trip: a lease, or (blocking scope, seconds to wait, full?)."""
         # The per-process global cap, held from the grant to the release.
-        gate = await limiter._acquire_local({}, priority, _remaining(deadline))
+        gate = await limiter._acquire_local({}, waiter.priority, _remaining(deadline))
         lease_id = secrets.token_hex(8)
         keys: list[str] = []
         args: list[Any] = [
@@ -795,6 +800,7 @@ class RedisBackend:
             self.state_ttl * 1000.0,
             _RELEASE_RECHECK * 1000.0,
             len(costs),
+            waiter.turn,
         ]
         rng = self._rng
         for scope, cost in costs.items():
@@ -821,6 +827,7 @@ class RedisBackend:
         if int(reply[0]) != 1:
             limiter._release(gate)
             self._sample_clock(float(reply[4]), after)
+            waiter.turn = float(reply[5]) if len(reply) > 5 else 0.0
             return list(costs)[int(reply[2]) - 1], wait, int(reply[3]) == 1
         self._grants += 1
         send_at_ms = float(reply[2])
@@ -877,8 +884,10 @@ class RedisBackend:
             actual = -1.0
             if consumed is not None and scope in consumed:
                 actual = max(0.0, float(consumed[scope]))
-            signal = 0
-            if feedback is not None and backoff is not None and backoff.is_signal(feedback):
+            signal = 0  # -1: no feedback for this scope (record(scopes=...) left it out)
+            if feedback is None or (feedback.scopes is not None and scope not in feedback.scopes):
+                signal = -1
+            elif backoff is not None and backoff.is_signal(feedback):
                 signal = 1
             args.append(scope)
             args.append(actual)
