@@ -203,6 +203,25 @@ def test_no_send_before_retry_after_elapsed(backend: Any) -> None:
     assert max(sample.stats.blocked_until for sample in samples) == pytest.approx(2.255)
 
 
+def test_samples_match_the_limiters_statistics() -> None:
+    """The simulator snapshots only the scopes an event touched; same result as statistics()."""
+    from throttlekit.testing._simulate import scope_statistics
+
+    limiter = Limiter(default=ScopePolicy(concurrency=1, delay=0.5, quota=3, window=10.0))
+
+    async def main() -> None:
+        async with limiter.acquire("https://a.test/") as permit:
+            permit.record(status=429, headers={"Retry-After": "3"})
+        async with limiter.acquire("https://b.test/"):
+            pass
+        now = anyio.current_time()
+        for scope in ("a.test", "b.test"):
+            assert scope_statistics(limiter, scope, now) == limiter.statistics().scopes[scope]
+        assert scope_statistics(limiter, "c.test", now) is None
+
+    anyio.run(main, backend="asyncio", backend_options={"loop_factory": VirtualEventLoop})
+
+
 def test_ignoring_retry_after_is_reported() -> None:
     ignorant = attrs.evolve(PLAIN, concurrency=1)
     server = QuotaServer(limit=5, window=1.0, retry_after=2)

@@ -13,6 +13,7 @@ import anyio
 from .._errors import ThrottleTimeout
 from .._limiter import Limiter
 from .._policy import ScopePolicy
+from .._stats import ScopeStatistics
 from ._loop import SimulationDeadlock, VirtualEventLoop
 from ._model import SimRequest, SimResponse
 from ._servers import Responder, ServerModel, Sites
@@ -112,9 +113,8 @@ class _Run:
     def event(self, scopes: Iterable[str], now: float) -> int:
         """Number an event and sample the scopes it touched."""
         seq = next(self.seq)
-        stats = self.limiter.statistics().scopes
         for name in scopes:
-            scope_stats = stats.get(name)
+            scope_stats = scope_statistics(self.limiter, name, now)
             if scope_stats is not None:
                 self.samples.setdefault(name, []).append(
                     Sample(time=now, seq=seq, stats=scope_stats)
@@ -209,6 +209,21 @@ class _Run:
                 now = anyio.current_time()
                 state.released = now
                 state.released_seq = self.event(state.scopes, now)
+
+
+def scope_statistics(limiter: Limiter, name: str, now: float) -> ScopeStatistics | None:
+    """What ``limiter.statistics().scopes[name]`` would say, without snapshotting every scope.
+
+    A simulation samples the scopes of each event; building the statistics of
+    every scope each time would make runs with many scopes quadratic.
+    """
+    core = getattr(limiter, "_core", None)
+    ledger = core.scopes.get(name) if core is not None else None
+    if ledger is None:
+        return limiter.statistics().scopes.get(name)
+    if ledger.policy.quota is not None:
+        ledger.expire(now)
+    return ScopeStatistics.from_ledger(ledger, now)
 
 
 def _make_limiter(limiter: LimiterLike, seed: int) -> Limiter:
