@@ -333,14 +333,15 @@ class RedisBackend:
 
     Decisions run inside Redis in Lua scripts, on Redis's clock: one round trip
     per acquire attempt and one per release. A grant may be *reserved* up to
-    ``reserve_ahead`` seconds before its send time; the worker then sleeps
-    until that time, so round trips and wake-up latency never stretch the
-    delays (the aggregate rate matches the policy). Waiting workers are woken
-    by a release (one pub/sub subscription per backend, read by one of the
-    waiters: no background task) or when the wait Redis gave them is over.
-    Within a process, waiters of a scope queue by priority, then arrival;
-    across processes the order is best effort (whoever asks first after a
-    slot frees up).
+    ``reserve_ahead`` seconds (and less than one delay) before its send time;
+    the worker then sleeps until that time, so round trips and wake-up latency
+    do not stretch the delays (the aggregate rate matches the policy). Workers
+    waiting for a delay get turns one delay apart and wake one after the other;
+    workers waiting for a slot are woken by a release (one pub/sub
+    subscription per backend, read by one of the waiters: no background task)
+    or when the earliest lease expires. Within a process, waiters of a scope
+    queue by priority, then arrival; across processes the order is best effort
+    (turns go round, but priorities are not compared between processes).
 
     The limiter's global ``concurrency`` cap stays per process. The backend
     runs on asyncio only (``redis.asyncio``), needs Redis >= 5.0, and is safe
@@ -360,9 +361,11 @@ class RedisBackend:
         policies, this process only), logs a warning, and goes back to Redis
         when it answers again (tried at most every ``reconnect_interval``);
         ``"fail_closed"`` raises :class:`~throttlekit.BackendUnavailable`.
-    :param reserve_ahead: seconds ahead of its send time a grant may be reserved;
-        ``0`` grants only at the current instant (then each grant is late by
-        one round trip plus the wake-up latency).
+    :param reserve_ahead: seconds ahead of its send time a grant may be
+        reserved (never a whole delay: at most one reserved grant per scope
+        waits for its send); ``0`` grants only at the current instant, and
+        then each grant is late by a round trip plus the wake-up latency, which
+        slows the aggregate rate.
     :param state_ttl: seconds a scope's learned state (backoff, AutoThrottle)
         survives in Redis without any traffic. Live state (blocks, leases,
         quota windows) always lives as long as it matters.
