@@ -107,13 +107,16 @@ def _redact_url(url: str) -> str:
 
 
 def _client_location(client: Any) -> str:
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
+    """Where ``client`` connects, from its pool's settings (never its credentials)."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
     host = kwargs.get("host", "?")
     port = kwargs.get("port", "?")
     db = kwargs.get("db", 0)
-    scheme = "rediss" if kwargs.get("ssl") or "SSL" in repr(type(client)) else "redis"
+    connection_class = getattr(pool, "connection_class", None)
+    scheme = "rediss" if "SSL" in getattr(connection_class, "__name__", "") else "redis"
     return f"{scheme}://{host}:{port}/{db}"
 
 
@@ -684,7 +687,7 @@ class RedisBackend:
         elif level:
             reason = f"backoff level {level} after {signal}"
         else:
-            reason = "policy" if delay <= policy.delay else "autothrottle"
+            reason = "policy" if delay <= policy.delay else "autothrottle or the server's pace"
         return ScopeStatistics(
             name=scope,
             delay=delay,
