@@ -156,6 +156,29 @@ def test_simulate_without_backoff_gets_more_429s(capsys: pytest.CaptureFixture[s
     assert "controllers: none" in blunt
 
 
+def test_simulate_arrival_rate_several_sites_and_autothrottle(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    args = ["simulate", "--rate", "8", "--requests", "300", "--duration", "60", "--delay", "0",
+            "--site", "cdn.test=cdn:hit_ratio=1.0", "--site", "shop.test=capacity:workers=1",
+            "--autothrottle", "--set", "AUTOTHROTTLE_START_DELAY=0.5",
+            "--trace", str(trace)]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "requests arriving at 8/s on average (Poisson), at most 300, spread over 2 sites" in out
+    assert "controllers: backoff, autothrottle" in out
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(records) == 300
+    arrivals = [r["arrived"] for r in records]
+    assert arrivals == sorted(arrivals)
+    assert 20 < max(arrivals) < 60  # 300 arrivals at 8/s: about 37 s
+    assert {r["url"].split("/")[2] for r in records} == {"cdn.test", "shop.test"}
+    cdn, shop = table_row(out, "cdn.test"), table_row(out, "shop.test")
+    # AutoThrottle keeps the slow shop's delay near its latency; the CDN's near 0.
+    assert float(shop[6].split()[0]) > float(cdn[6].split()[0])
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

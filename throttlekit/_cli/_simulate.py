@@ -389,11 +389,14 @@ def simulate_command(
         )
     console = make_console()
     workload = _workload(plan)
-    console.print(f"[bold]workload[/]: {escape(plan.description)}, {plan.duration:g} s simulated")
+    console.print(
+        f"[bold]workload[/]: {escape(plan.description)}, {plan.duration:g} s simulated",
+        soft_wrap=True,
+    )
     for host in plan.hosts:
         model = plan.server.sites[host] if isinstance(plan.server, Sites) else plan.server
-        console.print(f"[bold]{escape(host)}[/]: {escape(describe_server(model))}")
-        console.print(f"  policy: {escape(_policy_text(limiter, host))}")
+        console.print(f"[bold]{escape(host)}[/]: {escape(describe_server(model))}", soft_wrap=True)
+        console.print(f"  policy: {escape(_policy_text(limiter, host))}", soft_wrap=True)
     started = time.perf_counter()
     result = simulate(limiter, plan.server, workload, duration=plan.duration, seed=plan.seed)
     elapsed = time.perf_counter() - started
@@ -410,6 +413,6 @@ def simulate_command(
         violations = check_respects(result, limiter)
         if violations:
             for violation in violations:
-                console.print(f"[red]violation[/]: {escape(violation.message)}")
+                console.print(f"[red]violation[/]: {escape(violation.message)}", soft_wrap=True)
             raise typer.Exit(EXIT_FAILED)
         console.print("[green]check passed[/]: every rule of the policy was respected")
