@@ -337,8 +337,12 @@ def simulate(
     run = _Run(made, responder, workload, duration)
     options: dict[str, Any]
     if backend == "trio":
-        from trio.testing import MockClock
-
+        try:
+            from trio.testing import MockClock
+        except ImportError:
+            raise ImportError(
+                'simulate(backend="trio") needs trio: pip install "throttlekit[test]"'
+            ) from None
         options = {"clock": MockClock(autojump_threshold=0)}
     else:
         options = {"loop_factory": VirtualEventLoop}
