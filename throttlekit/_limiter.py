@@ -47,6 +47,14 @@ def _now() -> float:
 INF = math.inf
 
 
+def _now_or_monotonic() -> float:
+    """The backend's clock, or the monotonic clock outside an event loop (statistics)."""
+    try:
+        return _now()
+    except Exception:
+        return time.monotonic()
+
+
 def _only(scopes: Iterable[str], granted: Mapping[str, float]) -> frozenset[str]:
     names = frozenset([scopes] if isinstance(scopes, str) else scopes)
     unknown = names - granted.keys()
@@ -526,11 +534,11 @@ class Limiter:
         return dict(self._crawl_delays)
 
     def statistics(self) -> LimiterStatistics:
-        """A frozen snapshot of the limiter and every scope it currently tracks."""
-        try:
-            now = _now()
-        except Exception:
-            now = time.monotonic()
+        """A frozen snapshot of the limiter and every scope it currently tracks.
+
+        It costs O(scopes); to watch one scope use :meth:`scope_statistics`.
+        """
+        now = _now_or_monotonic()
         core = self._core
         scopes = {}
         for ledger in core.iter_scopes():
@@ -544,6 +552,16 @@ class Limiter:
             next_wake=core.next_wake(),
             scopes=scopes,
         )
+
+    def scope_statistics(self, scope: str) -> ScopeStatistics | None:
+        """A frozen snapshot of one scope, or ``None`` if the limiter does not track it."""
+        ledger = self._core.scopes.get(scope)
+        if ledger is None:
+            return None
+        now = _now_or_monotonic()
+        if ledger.policy.quota is not None:
+            ledger.expire(now)
+        return ScopeStatistics.from_ledger(ledger, now)
 
     # -- internals -----------------------------------------------------------------
 

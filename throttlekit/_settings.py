@@ -51,6 +51,14 @@ _POLICY_KEYS = {
     "window": "window",
     "ignore_robots_txt": "ignore_robots_txt",
 }
+#: The setting behind each field of the default policy (for error messages).
+_POLICY_SETTINGS = {
+    "concurrency": "CONCURRENT_REQUESTS_PER_DOMAIN",
+    "delay": "DOWNLOAD_DELAY",
+    "slot_delay": "DOWNLOAD_DELAY_PER_SLOT",
+    "jitter": "RANDOMIZE_DOWNLOAD_DELAY",
+    "window": "THROTTLING_WINDOW",
+}
 _CONTROLLER_KEYS = ("backoff", "rampup", "autothrottle", "manager", "controllers")
 _BACKOFF_KEYS = (
     "http_codes",
@@ -265,7 +273,11 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
             autothrottle=autothrottle,
         )
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"invalid throttling settings: {exc}") from None
+        message = str(exc)
+        setting = _POLICY_SETTINGS.get(message.split(" ", 1)[0])
+        if setting is not None:
+            message = f"{setting}: {message}"
+        raise type(exc)(f"invalid throttling settings: {message}") from None
     cap = read_int(_get(settings, "CONCURRENT_REQUESTS"), "CONCURRENT_REQUESTS")
     scopes_setting = _get(settings, "THROTTLING_SCOPES") or {}
     if not isinstance(scopes_setting, Mapping):

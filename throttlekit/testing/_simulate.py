@@ -217,13 +217,7 @@ def scope_statistics(limiter: Limiter, name: str, now: float) -> ScopeStatistics
     A simulation samples the scopes of each event; building the statistics of
     every scope each time would make runs with many scopes quadratic.
     """
-    core = getattr(limiter, "_core", None)
-    ledger = core.scopes.get(name) if core is not None else None
-    if ledger is None:
-        return limiter.statistics().scopes.get(name)
-    if ledger.policy.quota is not None:
-        ledger.expire(now)
-    return ScopeStatistics.from_ledger(ledger, now)
+    return limiter.scope_statistics(name)
 
 
 def _make_limiter(limiter: LimiterLike, seed: int) -> Limiter:
