@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .figures import draw_figures, figure_rst
 from .runner import DEFAULT_OUTPUT, SCHEMA
 
 __all__ = ["DEFAULT_PAGE", "main", "render"]
@@ -74,6 +75,8 @@ def _summary(document: dict[str, Any]) -> list[str]:
                     f"{_escape(suite['title'])}: **missed** {_escape(target['name'])} "
                     f"(target {_escape(target['target'])}, measured {_escape(target['measured'])})."
                 )
+        for shortfall in suite.get("data", {}).get("shortfalls", []):
+            items.append(f"{_escape(suite['title'])}: {_escape(shortfall)}")
     per_op = document["suites"].get("uncontended", {}).get("data", {}).get("per_op", {})
     ours = per_op.get("throttlekit")
     if ours:
@@ -174,6 +177,8 @@ def render(document: dict[str, Any], *, source: str = "benchmarks/results/latest
                 else None
             )
             lines += _list_table(table["title"], table["columns"], table["rows"], literal=literal)
+        for figure in suite.get("data", {}).get("figures", []):
+            lines += figure_rst(figure)
         if suite.get("skipped"):
             lines += ["Not measured:", ""]
             lines += [f"* {_escape(s['name'])}: {_escape(s['reason'])}" for s in suite["skipped"]]
@@ -202,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     args.output.write_text(render(document), encoding="utf-8")
     print(f"wrote {args.output}")
+    for path in draw_figures(document, args.output.parent):
+        print(f"wrote {path}")
     return 0
 
 

@@ -1,0 +1,312 @@
+"""The crawling clients of the throttling-quality suite, one run per process.
+
+Usage: ``python -m benchmarks.quality_clients plan.json result.json``
+
+``plan.json`` says which client to run and against what:
+
+* ``client``: ``"scrapy"`` (a real Scrapy crawl on the asyncio reactor, with
+  whatever settings the plan gives: Scrapy's AutoThrottle, or throttlekit's
+  middleware) or ``"httpx"`` (``httpx.AsyncClient`` over throttlekit's
+  :class:`~throttlekit.adapters.httpx.ThrottledTransport`, the limiter built
+  by :meth:`throttlekit.Limiter.from_settings` from the same settings);
+* ``settings``: Scrapy-style settings;
+* ``sites``: ``[{"name", "url", "count"}]``; the request list is
+  ``<url>/page/<i>`` for ``i < count``, the sites interleaved;
+* ``budget``: seconds to crawl; the client stops a little after that (the
+  suite only counts what the site saw within the budget);
+* ``workers`` (httpx): tasks sending requests; ``sample_interval``: seconds
+  between samples of the throttling state (delay per site).
+
+``result.json`` gets the client's own view: responses per status, the
+throttling state sampled over time, Scrapy's stats or the limiter's final
+statistics. The suite's numbers come from the site's records, not from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "request_list"]
+
+#: Requests Scrapy's scheduler holds at most, waiting to enter the downloader.
+BACKLOG = 200
+
+
+def request_list(sites: list[dict[str, Any]]) -> Iterator[str]:
+    """The URLs of a plan: ``<url>/page/<i>``, one site after the other for each ``i``."""
+    longest = max((site["count"] for site in sites), default=0)
+    for index in range(longest):
+        for site in sites:
+            if index < site["count"]:
+                yield f"{site['url']}/page/{index}"
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+# -- Scrapy ------------------------------------------------------------------------------
+
+
+def run_scrapy(plan: dict[str, Any], output: Path) -> None:
+    """Crawl, write the result to ``output`` and end the process at the budget.
+
+    The end is abrupt (``os._exit``) on purpose: Scrapy's graceful close
+    first waits for every request already in the downloader, including those
+    waiting for a throttling permit, which can take minutes on a backed-off
+    site. The site's records, not the client's, are what the suite measures.
+    """
+    import scrapy
+    from scrapy import signals
+    from scrapy.crawler import CrawlerProcess
+
+    budget = float(plan["budget"])
+    margin = float(plan.get("margin", 2.0))
+    interval = float(plan.get("sample_interval", 0.5))
+    settings: dict[str, Any] = {
+        "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+        "LOG_LEVEL": "WARNING",
+        "TELNETCONSOLE_ENABLED": False,
+        "ROBOTSTXT_OBEY": False,
+        **plan["settings"],
+    }
+    # Scrapy >= 2.19 would start a remote-control web server in every crawl.
+    settings["EXTENSIONS"] = {
+        "scrapy.extensions.remote_control.RemoteControl": None,
+        **settings.get("EXTENSIONS", {}),
+    }
+    counts: Counter[str] = Counter()
+    samples: list[dict[str, Any]] = []
+    started: list[float] = []
+
+    class QualitySpider(scrapy.Spider):
+        name = "quality"
+
+        async def start(self) -> Any:
+            # Scrapy reads start() eagerly into its scheduler; keep only a
+            # backlog there, as a crawl that discovers its URLs as it goes
+            # would, instead of building every request up front.
+            started.append(time.monotonic())
+            scheduler: Any = self.crawler.engine.scheduler
+            for url in request_list(plan["sites"]):
+                while len(scheduler) >= BACKLOG:  # noqa: ASYNC110 - no event to wait on
+                    await asyncio.sleep(0.01)
+                yield scrapy.Request(
+                    url, dont_filter=True, callback=self.parse, errback=self.failed
+                )
+
+        def parse(self, response: Any) -> None:
+            counts[str(response.status)] += 1
+
+        def failed(self, failure: Any) -> None:
+            response = getattr(failure.value, "response", None)
+            if response is not None:
+                counts[str(response.status)] += 1
+            else:
+                counts[type(failure.value).__name__] += 1
+
+    process = CrawlerProcess(settings)
+    crawler = process.create_crawler(QualitySpider)
+
+    found: list[Any] = []
+
+    def throttling_middleware() -> Any:
+        """throttlekit's middleware in this crawl, or None (Scrapy's own throttling)."""
+        module = sys.modules.get("throttlekit.adapters.scrapy")
+        if module is None:
+            return None
+        for middleware in crawler.engine.downloader.middleware.middlewares:
+            if isinstance(middleware, module.ThrottlingMiddleware):
+                return middleware
+        return None
+
+    def sample() -> None:
+        if crawler.engine is None:
+            return
+        now = time.monotonic()
+        middleware = found[0]
+        if middleware is not None:
+            for name, scope in middleware.limiter.statistics().scopes.items():
+                samples.append(
+                    {
+                        "t": now,
+                        "scope": name,
+                        "delay": scope.delay,
+                        "concurrency": scope.concurrency,
+                        "in_flight": scope.in_flight,
+                        "backoff_level": scope.backoff_level,
+                    }
+                )
+        else:
+            for key, slot in crawler.engine.downloader.slots.items():
+                samples.append(
+                    {
+                        "t": now,
+                        "scope": key,
+                        "delay": slot.delay,
+                        "concurrency": slot.concurrency,
+                        "in_flight": len(slot.transferring),
+                    }
+                )
+
+    samplers: list[Any] = []
+
+    def opened() -> None:
+        # Imported here: importing it before CrawlerProcess would install the
+        # default reactor instead of the asyncio one.
+        from twisted.internet import reactor as installed
+        from twisted.internet import task
+
+        reactor: Any = installed
+        found.append(throttling_middleware())
+        sampler = task.LoopingCall(sample)
+        sampler.start(interval, now=False)
+        samplers.append(sampler)
+        reactor.callLater(budget + margin, stop)
+
+    def stop() -> None:
+        sample()
+        stats = crawler.stats.get_stats() if crawler.stats else {}
+        _finish(
+            output,
+            {
+                "started": started[0] if started else None,
+                "stopped": time.monotonic(),
+                "counts": dict(counts),
+                "samples": samples,
+                "cpu": time.process_time(),
+                "stats": {
+                    key: value if isinstance(value, (int, float, str)) else str(value)
+                    for key, value in stats.items()
+                },
+            },
+        )
+
+    crawler.signals.connect(opened, signal=signals.spider_opened)
+    process.crawl(crawler)
+    process.start()
+    # Only reached when the crawl ended before the budget (e.g. it failed).
+    print("the crawl ended before its budget", file=sys.stderr)
+    sys.exit(1)
+
+
+def _finish(output: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` and end the process at once (see :func:`run_scrapy`)."""
+    output.write_text(json.dumps(result), encoding="utf-8")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# -- httpx -------------------------------------------------------------------------------
+
+
+def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
+    import anyio
+    import httpx
+
+    from throttlekit import Limiter
+    from throttlekit.adapters.httpx import ThrottledTransport
+
+    budget = float(plan["budget"])
+    margin = float(plan.get("margin", 2.0))
+    interval = float(plan.get("sample_interval", 0.5))
+    stopped: list[float] = []
+    workers = int(plan.get("workers", 64))
+    limiter = Limiter.from_settings(plan["settings"])
+    counts: Counter[str] = Counter()
+    samples: list[dict[str, Any]] = []
+    started: list[float] = []
+
+    async def crawl() -> None:
+        urls = request_list(plan["sites"])
+        inner = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
+        )
+        transport = ThrottledTransport(limiter, inner)
+        async with httpx.AsyncClient(transport=transport, timeout=60.0) as client:
+
+            async def worker() -> None:
+                for url in urls:
+                    try:
+                        response = await client.get(url)
+                    except httpx.HTTPError as exc:
+                        counts[type(exc).__name__] += 1
+                    else:
+                        counts[str(response.status_code)] += 1
+
+            async def sampler() -> None:
+                while True:
+                    await anyio.sleep(interval)
+                    now = time.monotonic()
+                    for name, scope in limiter.statistics().scopes.items():
+                        samples.append(
+                            {
+                                "t": now,
+                                "scope": name,
+                                "delay": scope.delay,
+                                "concurrency": scope.concurrency,
+                                "in_flight": scope.in_flight,
+                                "backoff_level": scope.backoff_level,
+                            }
+                        )
+
+            started.append(time.monotonic())
+            with anyio.move_on_after(budget + margin):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(sampler)
+                    for _ in range(workers):
+                        group.start_soon(worker)
+            stopped.append(time.monotonic())
+
+    anyio.run(crawl)
+    scopes = {
+        name: {
+            "delay": scope.delay,
+            "concurrency": scope.concurrency,
+            "backoff_level": scope.backoff_level,
+            "last_signal": scope.last_signal,
+            "blocked_until": _finite(scope.blocked_until),
+            "reason": scope.reason,
+        }
+        for name, scope in limiter.statistics().scopes.items()
+    }
+    return {
+        "started": started[0] if started else None,
+        "stopped": stopped[0] if stopped else None,
+        "counts": dict(counts),
+        "samples": samples,
+        "cpu": time.process_time(),
+        "scopes": scopes,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m benchmarks.quality_clients plan.json result.json", file=sys.stderr)
+        return 2
+    plan = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    client = plan["client"]
+    if client == "scrapy":
+        run_scrapy(plan, Path(args[1]))  # writes the result and exits
+        return 1
+    if client != "httpx":
+        print(f"unknown client {client!r}", file=sys.stderr)
+        return 2
+    result = run_httpx(plan)
+    Path(args[1]).write_text(json.dumps(result), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
