@@ -581,11 +581,16 @@ def _shortfalls(cases: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
 def run_quality(config: RunConfig) -> SuiteResult:
     """Run every (site, client) case and report them against the DESIGN.md target."""
     budget = QUICK_BUDGET if config.quick else BUDGET
+    how = (
+        "all four at once, the three clients side by side (a smoke run)"
+        if config.quick
+        else "one site and one client at a time"
+    )
     result = SuiteResult(
         "quality",
         "Throttling quality against local sites",
-        "Three adaptive clients crawl four local sites that behave like real ones, one "
-        f"at a time, {budget:g} s each, with the same request list: Scrapy's AutoThrottle "
+        "Three adaptive clients crawl four local sites that behave like real ones, "
+        f"{how}, {budget:g} s each, with the same request list: Scrapy's AutoThrottle "
         "with its defaults, and throttlekit (its AutoThrottle with the same numbers, plus "
         "its default backoff) in Scrapy and in httpx. Pages served per second as a share "
         "of the site's capacity, 429s, p95 latency and time to settle, as the site "
@@ -616,7 +621,16 @@ def run_quality(config: RunConfig) -> SuiteResult:
     cases: dict[str, dict[str, dict[str, Any]]] = {}
     runs_table = Table(
         "The runs",
-        ["site", "client", "requests sent", "client CPU", "site CPU", "wall", "load at start"],
+        [
+            "site",
+            "client",
+            "requests sent",
+            "client CPU",
+            "per request",
+            "site CPU",
+            "wall",
+            "load at start",
+        ],
     )
     for run in runs:
         for site in run.sites:
@@ -625,11 +639,15 @@ def run_quality(config: RunConfig) -> SuiteResult:
             case = measure(records, budget=run.budget, capacity=site.capacity, start=t0)
             case["delays"] = _throttling(run.result, run.ports[site.name], t0)
             cases.setdefault(site.name, {})[run.client.name] = case
+            # A multi-site (quick) run shares its client's CPU among its sites.
+            sent = sum(len(recorded) for recorded in run.records.values())
+            cpu = run.result.get("cpu", 0.0) * len(records) / sent if sent else 0.0
             runs_table.add(
                 site.name,
                 run.client.name,
                 len(records),
-                f"{run.result.get('cpu', 0.0):.1f} s",
+                f"{cpu:.1f} s",
+                f"{cpu / sent * 1000:.2f} ms" if sent else "n/a",
                 f"{run.server_cpu:.1f} s",
                 f"{run.wall:.1f} s",
                 "n/a" if run.load is None else f"{run.load:.2f}",
@@ -711,7 +729,9 @@ def run_quality(config: RunConfig) -> SuiteResult:
             f"held for less than {SETTLE_HOLD:g} s before the end.",
             "Each run gets a fresh site (same seed for every client) on its own port, served "
             "from a thread of the benchmark process; each client is a separate process. "
-            "The client's CPU time and the load average show how busy the machine was.",
+            "'client CPU' is the client process's CPU time from its first request to its "
+            "stop (start-up excluded), 'per request' divides it by the requests the site "
+            "received; with the load average it shows how busy the machine was.",
             "Why this throttlekit configuration: AutoThrottle for sites that slow down under "
             "load, backoff (on by default) for 429s and Retry-After, every AutoThrottle knob "
             "at the value of Scrapy's run, and nothing set from what the benchmark knows "

@@ -87,6 +87,7 @@ def run_scrapy(plan: dict[str, Any], output: Path) -> None:
     counts: Counter[str] = Counter()
     samples: list[dict[str, Any]] = []
     started: list[float] = []
+    cpu_at_start: list[float] = []
 
     class QualitySpider(scrapy.Spider):
         name = "quality"
@@ -96,6 +97,7 @@ def run_scrapy(plan: dict[str, Any], output: Path) -> None:
             # backlog there, as a crawl that discovers its URLs as it goes
             # would, instead of building every request up front.
             started.append(time.monotonic())
+            cpu_at_start.append(time.process_time())
             scheduler: Any = self.crawler.engine.scheduler
             for url in request_list(plan["sites"]):
                 while len(scheduler) >= BACKLOG:  # noqa: ASYNC110 - no event to wait on
@@ -183,7 +185,7 @@ def run_scrapy(plan: dict[str, Any], output: Path) -> None:
                 "stopped": time.monotonic(),
                 "counts": dict(counts),
                 "samples": samples,
-                "cpu": time.process_time(),
+                "cpu": time.process_time() - (cpu_at_start[0] if cpu_at_start else 0.0),
                 "stats": {
                     key: value if isinstance(value, (int, float, str)) else str(value)
                     for key, value in stats.items()
@@ -226,6 +228,7 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
     counts: Counter[str] = Counter()
     samples: list[dict[str, Any]] = []
     started: list[float] = []
+    cpu_at_start: list[float] = []
 
     async def crawl() -> None:
         urls = request_list(plan["sites"])
@@ -261,6 +264,7 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
                         )
 
             started.append(time.monotonic())
+            cpu_at_start.append(time.process_time())
             with anyio.move_on_after(budget + margin):
                 async with anyio.create_task_group() as group:
                     group.start_soon(sampler)
@@ -285,7 +289,7 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
         "stopped": stopped[0] if stopped else None,
         "counts": dict(counts),
         "samples": samples,
-        "cpu": time.process_time(),
+        "cpu": time.process_time() - (cpu_at_start[0] if cpu_at_start else 0.0),
         "scopes": scopes,
     }
 
