@@ -12,14 +12,16 @@ Usage: ``python -m benchmarks.quality_clients plan.json result.json``
 * ``settings``: Scrapy-style settings;
 * ``sites``: ``[{"name", "url", "count"}]``; the request list is
   ``<url>/page/<i>`` for ``i < count``, the sites interleaved;
-* ``budget``: seconds to crawl; the client stops a little after that (the
-  suite only counts what the site saw within the budget);
+* ``budget`` and ``margin``: the client crawls for ``budget + margin``
+  seconds once its crawl starts (the suite counts what the site saw in
+  the ``budget`` seconds after the first request reached it);
 * ``workers`` (httpx): tasks sending requests; ``sample_interval``: seconds
   between samples of the throttling state (delay per site).
 
-``result.json`` gets the client's own view: responses per status, the
-throttling state sampled over time, Scrapy's stats or the limiter's final
-statistics. The suite's numbers come from the site's records, not from here.
+``result.json`` gets the client's own view: when it started and stopped,
+its CPU time while crawling, responses per status, the throttling state
+sampled over time, Scrapy's stats or the limiter's final statistics. The
+suite's numbers come from the site's records, not from here.
 """
 
 from __future__ import annotations
