@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -607,3 +608,26 @@ def test_import_without_scrapy_names_the_extra() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert 'pip install "throttlekit[scrapy]"' in result.stdout
+
+
+def test_closing_the_spider_drops_requests_still_waiting(
+    server: LocalServer, tmp_path: Path
+) -> None:
+    """CLOSESPIDER_TIMEOUT ends the crawl on time: requests still waiting for
+    their host's delay are dropped, not sent one per delay after the close."""
+    settings = {
+        **EXACT,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 1.0,
+        "CLOSESPIDER_TIMEOUT": 2,
+    }
+    started = time.monotonic()
+    result = crawl(server, tmp_path, settings, [f"a.test/{n}" for n in range(30)])
+    elapsed = time.monotonic() - started
+    hits = server.hits("a.test")
+    # About one request a second until the close at 2 s; without dropping the
+    # waiters the crawl would take the full 30 s.
+    assert len(hits) <= 5, table(hits)
+    assert elapsed < 20, elapsed
+    assert result.stats["throttlekit/dropped_on_close"] >= 20
+    assert result.stats.get("finish_reason") == "closespider_timeout"

@@ -104,6 +104,8 @@ UNLIMITED_SLOT_CONCURRENCY = 1 << 30
 WAITED_THRESHOLD = 0.001
 #: Seconds between checks for permits of requests that left the downloader unseen.
 SWEEP_INTERVAL = 5.0
+#: How often (seconds) waiting requests check whether the engine is closing the spider.
+CLOSE_CHECK_INTERVAL = 0.5
 
 
 def limiter_from_settings(settings: BaseSettings) -> Limiter:
@@ -278,6 +280,8 @@ class ThrottlingMiddleware:
         self._waiting_count = 0
         self._wait_total = 0.0
         self._sweep_handle: asyncio.TimerHandle | None = None
+        self._wait_scopes: set[anyio.CancelScope] = set()
+        self._close_handle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
         connect = crawler.signals.connect
@@ -332,9 +336,14 @@ class ThrottlingMiddleware:
         stats = self.stats
         self._waiting_count += 1
         start = anyio.current_time()
+        wait = anyio.CancelScope()
+        self._wait_scopes.add(wait)
+        self._arm_close_watch()
         try:
-            held = await HeldPermit.acquire(self.limiter, request, priority=request.priority)
+            with wait:
+                held = await HeldPermit.acquire(self.limiter, request, priority=request.priority)
         finally:
+            self._wait_scopes.discard(wait)
             waited = anyio.current_time() - start
             if waited >= WAITED_THRESHOLD:
                 # Counted as a waiter leaves: the peak is seen by its first leaver.
@@ -342,6 +351,9 @@ class ThrottlingMiddleware:
             self._waiting_count -= 1
             if downloader is not None and key is not None:
                 self._leave_slot(downloader, key, request)
+        if wait.cancelled_caught:
+            stats.inc_value("throttlekit/dropped_on_close")
+            raise IgnoreRequest("throttlekit: the spider is closing; not sent")
         self._held[request] = held
         stats.inc_value("throttlekit/request_count")
         if waited >= WAITED_THRESHOLD:
@@ -425,6 +437,34 @@ class ThrottlingMiddleware:
         self.stats.inc_value("throttlekit/released_unfinished")
         await held.release()
 
+    def _arm_close_watch(self) -> None:
+        if self._close_handle is None and self._wait_scopes:
+            loop = asyncio.get_running_loop()
+            self._close_handle = loop.call_later(CLOSE_CHECK_INTERVAL, self._check_closing)
+
+    def _check_closing(self) -> None:
+        """Drop the requests still waiting for a permit once the engine closes the spider.
+
+        Scrapy waits for every request in the downloader before it closes a
+        spider, so without this a ``CLOSESPIDER_TIMEOUT`` or a graceful stop
+        would go on sending throttled requests for as long as they wait.
+        """
+        self._close_handle = None
+        if self._engine_closing():
+            for scope in list(self._wait_scopes):
+                scope.cancel()
+            return
+        self._arm_close_watch()
+
+    def _engine_closing(self) -> bool:
+        engine = getattr(self.crawler, "engine", None)
+        if engine is None:
+            return False
+        if not getattr(engine, "running", True):
+            return True
+        slot = getattr(engine, "_slot", None)
+        return slot is not None and getattr(slot, "closing", None) is not None
+
     def _arm_sweep(self) -> None:
         if self._sweep_handle is None and self._held:
             loop = asyncio.get_running_loop()
@@ -496,6 +536,9 @@ class ThrottlingMiddleware:
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
             self._sweep_handle = None
+        if self._close_handle is not None:
+            self._close_handle.cancel()
+            self._close_handle = None
         held, self._held = list(self._held.values()), {}
         for permit in held:
             await self._release_unfinished(permit)
