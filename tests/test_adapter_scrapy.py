@@ -631,3 +631,21 @@ def test_closing_the_spider_drops_requests_still_waiting(
     assert elapsed < 20, elapsed
     assert result.stats["throttlekit/dropped_on_close"] >= 20
     assert result.stats.get("finish_reason") == "closespider_timeout"
+
+
+def test_requests_dropped_at_close_resume_with_jobdir(server: LocalServer, tmp_path: Path) -> None:
+    """With JOBDIR, the requests dropped at close are saved and sent by the resumed job."""
+    settings = {
+        **EXACT,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 0.5,
+        "JOBDIR": str(tmp_path / "job"),
+    }
+    urls: list[str | dict[str, Any]] = [f"a.test/{n}" for n in range(12)]
+    first = crawl(server, tmp_path, {**settings, "CLOSESPIDER_TIMEOUT": 1}, urls)
+    sent_first = len(server.hits("a.test"))
+    assert sent_first < 12
+    assert first.stats["throttlekit/requeued_on_close"] >= 12 - sent_first - 1
+    crawl(server, tmp_path, settings, [])  # the resumed job: only what JOBDIR kept
+    paths = sorted(hit.path for hit in server.hits("a.test"))
+    assert paths == sorted(f"/{n}" for n in range(12)), paths  # every page once: none lost

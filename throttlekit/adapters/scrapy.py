@@ -353,6 +353,7 @@ class ThrottlingMiddleware:
                 self._leave_slot(downloader, key, request)
         if wait.cancelled_caught:
             stats.inc_value("throttlekit/dropped_on_close")
+            self._requeue_for_resume(request)
             raise IgnoreRequest("throttlekit: the spider is closing; not sent")
         self._held[request] = held
         stats.inc_value("throttlekit/request_count")
@@ -455,6 +456,27 @@ class ThrottlingMiddleware:
                 scope.cancel()
             return
         self._arm_close_watch()
+
+    def _requeue_for_resume(self, request: Request) -> None:
+        """With ``JOBDIR``, put a request dropped at close back in the scheduler.
+
+        The scheduler is still open while the engine waits for the downloader,
+        and it saves its queue in ``JOBDIR`` when it closes, so a resumed job
+        sends the request then instead of losing it.
+        """
+        if not self.crawler.settings.get("JOBDIR"):
+            return
+        engine = getattr(self.crawler, "engine", None)
+        scheduler = getattr(getattr(engine, "_slot", None), "scheduler", None)
+        if scheduler is None:
+            return
+        try:
+            queued = scheduler.enqueue_request(request.replace(dont_filter=True))
+        except Exception:
+            logger.warning("could not requeue %s for the resumed job", request, exc_info=True)
+            return
+        if queued:
+            self.stats.inc_value("throttlekit/requeued_on_close")
 
     def _engine_closing(self) -> bool:
         engine = getattr(self.crawler, "engine", None)
