@@ -293,6 +293,7 @@ def test_backoff_exceptions() -> None:
     [
         ({"delay_factor": 1.0}, "delay_factor"),
         ({"min_delay": -1}, "min_delay"),
+        ({"min_delay": 0}, "min_delay"),
         ({"max_delay": 0}, "max_delay"),
         ({"min_delay": 10, "max_delay": 5}, "min_delay"),
         ({"concurrency_factor": 1.5}, "concurrency_factor"),

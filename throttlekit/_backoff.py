@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._checks import check_number, non_negative, normalize_jitter, positive
+from ._checks import check_number, normalize_jitter, positive
 
 if TYPE_CHECKING:
     from ._controller import Feedback
@@ -114,9 +114,10 @@ class Backoff:
 
     A *backoff signal* is a response whose status is in ``http_codes`` or a
     failure whose exception is an instance of one of ``exceptions``. Each
-    signal multiplies the scope's delay by ``delay_factor`` (starting from
-    the larger of the policy delay and ``min_delay``), clamped to
-    ``[min_delay, max_delay]``. Signals from requests that were already in
+    signal multiplies the delay in force (the policy's, AutoThrottle's, a
+    header's pace or this backoff's own) by ``delay_factor``; the first step
+    goes to at least ``min_delay``, and no step above ``max_delay``.
+    Signals from requests that were already in
     flight when the last step was taken count as that same step, so a burst
     of 429s from parallel requests is one step, not ten.
 
@@ -142,7 +143,7 @@ class Backoff:
         Default: timeouts and connection errors of the standard library,
         httpx, aiohttp and Twisted (see :data:`DEFAULT_BACKOFF_EXCEPTIONS`).
     :param delay_factor: multiplier per signal (> 1). Default 2.0.
-    :param min_delay: the delay of the first backoff step at least (seconds). Default 1.0.
+    :param min_delay: the delay of the first backoff step at least (seconds, > 0). Default 1.0.
     :param max_delay: the delay cap, also the cap of any server-requested wait. Default 300.0.
     :param jitter: randomization of delays while backing off; replaces the
         policy's jitter then (0.1 = x0.9..x1.1; or a ``(low, high)`` pair). Default 0.1.
@@ -163,7 +164,7 @@ class Backoff:
         default=DEFAULT_BACKOFF_EXCEPTIONS, converter=_exceptions
     )
     delay_factor: float = attrs.field(default=2.0, validator=_above_one)
-    min_delay: float = attrs.field(default=1.0, validator=non_negative)
+    min_delay: float = attrs.field(default=1.0, validator=positive)
     max_delay: float = attrs.field(default=300.0, validator=positive)
     jitter: tuple[float, float] = attrs.field(default=(-0.1, 0.1), converter=normalize_jitter)
     window: float = attrs.field(default=60.0, validator=positive)
@@ -291,7 +292,8 @@ class BackoffState:
         config = self.config
         ledger = self._ledger
         old = self.step_delay
-        in_force = max(old, ledger.policy.delay)
+        # The delay that was enforced (policy, AutoThrottle, pacing, this backoff).
+        in_force = max(old, ledger.delay)
         if self.level and old >= config.max_delay:
             base = ledger.concurrency if self.concurrency is None else self.concurrency
             if base is None:
