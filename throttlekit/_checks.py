@@ -14,7 +14,7 @@ def check_number(name: str, value: object, *, minimum: float, strict: bool = Fal
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     number = float(value)
     if not math.isfinite(number) or number < minimum or (strict and number == minimum):
-        bound = f"> {minimum}" if strict else f">= {minimum}"
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
     return number
 
@@ -25,6 +25,11 @@ def non_negative(instance: object, attribute: attrs.Attribute[Any], value: objec
 
 def positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     check_number(attribute.name, value, minimum=0.0, strict=True)
+
+
+def optional_non_negative(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        check_number(attribute.name, value, minimum=0.0)
 
 
 def optional_positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:

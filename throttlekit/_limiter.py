@@ -478,8 +478,10 @@ class Limiter:
             raise TypeError("acquire_nowait() needs a request or scopes=")
         if self._backend is not None:
             raise RuntimeError("acquire_nowait() is not available with a shared backend")
-        costs = self._resolve_now(request, scopes)
-        if costs is None:
+        costs = self._resolve(request, scopes)
+        if type(costs) is not dict:
+            if inspect.iscoroutine(costs):
+                costs.close()
             raise RuntimeError("acquire_nowait() cannot use an async resolver; use acquire()")
         now = _now()
         ticket = self._core.make_ticket(costs, priority, now)
@@ -565,21 +567,6 @@ class Limiter:
 
     # -- internals -----------------------------------------------------------------
 
-    def _resolve_now(
-        self, request: Any, scopes: _scopes.ScopesLike | None
-    ) -> dict[str, float] | None:
-        if scopes is not None:
-            return _scopes.as_scope_costs(scopes)
-        carried = _scopes.request_scopes(request)
-        if carried is not None:
-            return _scopes.as_scope_costs(carried)
-        result = self.resolver(request)
-        if inspect.isawaitable(result):
-            if inspect.iscoroutine(result):
-                result.close()
-            return None
-        return _scopes.as_scope_costs(result)
-
     def _resolve(self, request: Any, scopes: _scopes.ScopesLike | None) -> Any:
         """The request's ``{scope: cost}``, or an awaitable of the resolver's result."""
         if scopes is not None:
@@ -639,7 +626,10 @@ class Limiter:
         if core.enqueue(ticket, now):
             return ticket
         ticket.waker = anyio.Event()
-        self._sleepers.append(ticket)
+        sleepers = self._sleepers
+        if len(sleepers) > 2 * core.waiting + 16:  # drop waiters granted or gone meanwhile
+            self._sleepers = sleepers = deque(t for t in sleepers if t.state == WAITING)
+        sleepers.append(ticket)
         self._kick(now)
         try:
             if timeout is None:
@@ -722,6 +712,7 @@ class Limiter:
             granted.waker.set()
         if not core.waiting:
             self._timekeeper = None
+            self._sleepers.clear()
             return
         wake = core.next_wake()
         keeper = self._timekeeper

@@ -2,48 +2,25 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
+from .._checks import (
+    check_number,
+    non_negative,
+    optional_non_negative,
+    optional_positive,
+)
 from ..scopes import ScopesLike
 
 __all__ = ["SimRequest", "SimResponse", "burst", "poisson", "steady"]
 
 
-def _number(name: str, value: object, *, minimum: float, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < minimum or (strict and number == minimum):
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return number
-
-
-def non_negative(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    _number(attribute.name, value, minimum=0.0)
-
-
-def positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    _number(attribute.name, value, minimum=0.0, strict=True)
-
-
-def optional_non_negative(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        _number(attribute.name, value, minimum=0.0)
-
-
-def optional_positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        _number(attribute.name, value, minimum=0.0, strict=True)
-
-
 def fraction(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    number = _number(attribute.name, value, minimum=0.0)
+    number = check_number(attribute.name, value, minimum=0.0)
     if number > 1.0:
         raise ValueError(f"{attribute.name} must be in [0, 1], got {value!r}")
 
@@ -150,7 +127,7 @@ def steady(
     duration)``), or both (whichever ends first). ``{i}`` in ``url`` is
     replaced by the index; other keyword arguments are :class:`SimRequest` fields.
     """
-    rate = _number("rate", rate, minimum=0.0, strict=True)
+    rate = check_number("rate", rate, minimum=0.0, strict=True)
     if count is None and duration is None:
         raise ValueError("steady() needs count= or duration=")
     requests: list[SimRequest] = []
@@ -179,8 +156,8 @@ def poisson(
     the same arrivals. ``{i}`` in ``url`` is replaced by the index; other
     keyword arguments are :class:`SimRequest` fields.
     """
-    rate = _number("rate", rate, minimum=0.0, strict=True)
-    duration = _number("duration", duration, minimum=0.0)
+    rate = check_number("rate", rate, minimum=0.0, strict=True)
+    duration = check_number("duration", duration, minimum=0.0)
     rng = random.Random(seed)
     requests: list[SimRequest] = []
     at = start

@@ -20,14 +20,8 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from ._model import (
-    SimRequest,
-    SimResponse,
-    fraction,
-    non_negative,
-    optional_positive,
-    positive,
-)
+from .._checks import non_negative, optional_positive, positive
+from ._model import SimRequest, SimResponse, fraction
 
 __all__ = [
     "CDNServer",
