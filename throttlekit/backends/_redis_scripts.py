@@ -222,10 +222,11 @@ local function step_back(st, p, now)
   end
 end
 
--- A backoff signal (BackoffState._step_up).
-local function step_up(st, p, now, inflight)
+-- A backoff signal (BackoffState._step_up); `enforced` is the delay that was
+-- in force (policy, AutoThrottle, pace, backoff).
+local function step_up(st, p, now, inflight, enforced)
   local old = st.step
-  local in_force = math.max(old, p.delay)
+  local in_force = math.max(old, enforced)
   if st.level > 0 and old >= p.bmax then
     local base = st.bconc
     if base == 0 then base = p.conc end
@@ -271,6 +272,7 @@ end
 -- fb: signal (0/1), name, sent, hwait (-1 none), pace (-1 none), pacefor,
 --     latency (-1 none), status (0 none), adjust (0/1)
 local function on_feedback(st, p, now, fb, inflight)
+  local enforced = effective(st, p)
   if p.bon > 0 then
     if fb.hwait > 0 then st.blk = math.max(st.blk, now + math.min(fb.hwait, p.bmax)) end
     if fb.pace >= 0 then
@@ -284,7 +286,7 @@ local function on_feedback(st, p, now, fb, inflight)
     else
       st.lsig = fb.name
       st.lsat = now
-      if p.bon == 1 and fb.sent > st.stepat then step_up(st, p, now, inflight) end
+      if p.bon == 1 and fb.sent > st.stepat then step_up(st, p, now, inflight, enforced) end
     end
   end
   if p.aton == 1 and fb.latency >= 0 and fb.status > 0 and fb.adjust == 1 then
