@@ -634,3 +634,24 @@ async def test_rampup_slows_down_within_the_window_when_far_past_the_target() ->
     state = limiter._core.scopes[SCOPE].controllers[0]
     assert state.rung == -1  # stepped down after 6 signals, long before the window ended
     assert limiter.statistics().scopes[SCOPE].delay > 0.0
+
+
+def test_concurrency_cut_ends_for_an_unlimited_policy() -> None:
+    """A scope with no concurrency limit gets its cut lifted once quiet again."""
+    ledger = ScopeLedger(
+        SCOPE, ScopePolicy(concurrency=None, delay=0.0, backoff=Backoff(max_delay=2.0, window=10.0))
+    )
+    ledger.in_flight = 8
+    now = 0.0
+    for _ in range(4):  # 1 -> 2 (max), then cuts: 8 -> 4 -> 2
+        now += 1.0
+        ledger.on_feedback(Feedback(status=503, sent_at=now), now + 0.1)
+    state = ledger.controllers[0]
+    assert state.concurrency == 2
+    ledger.in_flight = 0
+    for _ in range(40):
+        now += 10.0
+        state.on_send(now)
+        ledger.refresh()
+    assert ledger.concurrency is None
+    assert state.level == 0

@@ -204,6 +204,7 @@ class BackoffState:
     __slots__ = (
         "_bad_delay",
         "_calm",
+        "_cut_from",
         "_forgot",
         "_good_delay",
         "_ledger",
@@ -233,6 +234,7 @@ class BackoffState:
         self._bad_delay = 0.0
         self._good_delay = INF
         self._calm = 0
+        self._cut_from = 1
         self._forgot = False
         self._step_at = -INF
         self._pace_delay = 0.0
@@ -298,6 +300,8 @@ class BackoffState:
             base = ledger.concurrency if self.concurrency is None else self.concurrency
             if base is None:
                 base = max(1, ledger.in_flight)
+            if self.concurrency is None:
+                self._cut_from = base  # where stepping back ends the cut
             self.concurrency = max(1, int(base * config.concurrency_factor))
             self.reason = f"backoff: delay at max, concurrency cut to {self.concurrency}"
         else:
@@ -342,9 +346,8 @@ class BackoffState:
         old = self.step_delay
         self._step_at = now
         if self.concurrency is not None:
-            policy_concurrency = ledger.policy.concurrency
             raised = max(self.concurrency + 1, int(self.concurrency / config.concurrency_factor))
-            if policy_concurrency is not None and raised >= policy_concurrency:
+            if raised >= self._cut_from:
                 self.concurrency = None
             else:
                 self.concurrency = raised
