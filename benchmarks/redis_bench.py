@@ -329,3 +329,94 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# -- as a suite of ``python -m benchmarks`` ------------------------------------------------
+
+
+def run_suite(config: Any) -> Any:
+    """The Redis measurements as a :class:`~benchmarks._harness.SuiteResult`."""
+    from ._harness import Skip, SuiteResult, Table, Target
+
+    result = SuiteResult(
+        name="redis",
+        title="Redis backend: one budget shared by processes",
+        description=(
+            "acquire+release against a local redis-server, and 4 processes sharing one "
+            "scope (concurrency 3, delay 0.02 s) for the aggregate rate vs the policy"
+        ),
+    )
+    measured = run(quick=config.quick)
+    if "skipped" in measured:
+        result.skipped.append(Skip("redis", measured["skipped"]))
+        return result
+    single = measured["single"]
+    table = Table("one process", ["measure", "value"])
+    table.add("acquire+release (us/op)", round(single["us_per_acquire_release"], 1))
+    table.add(
+        "in-memory limiter, same loop (us/op)", round(single["in_memory_us_per_acquire_release"], 2)
+    )
+    table.add("redis PING round trip (us)", round(single["ping_us"], 1))
+    table.add("round trips per uncontended acquire", single["acquire_round_trips"])
+    table.add("16 tasks: grants/s", round(measured["concurrent"]["grants_per_s"]))
+    result.tables.append(table)
+    shared = Table(
+        "4 processes, one scope",
+        [
+            "reserve_ahead (s)",
+            "policy (req/s)",
+            "achieved (req/s)",
+            "error %",
+            "max in flight",
+            "acquire calls per grant",
+        ],
+    )
+    for entry in measured["multiprocess"]:
+        shared.add(
+            entry["reserve_ahead"],
+            entry["policy_rate"],
+            round(entry["achieved_rate"], 3),
+            round(entry["rate_error_pct"], 2),
+            f"{entry['max_in_flight']} / {entry['concurrency']}",
+            round(entry["acquire_calls_per_grant"], 2),
+        )
+    result.tables.append(shared)
+    first = measured["multiprocess"][0]
+    targets = measured["targets"]
+    result.targets.append(
+        Target(
+            "Redis: aggregate rate of 4 processes",
+            "within 2 % of the policy",
+            f"{first['rate_error_pct']:+.2f} %",
+            targets["aggregate rate within 2 % of the policy"],
+        )
+    )
+    result.targets.append(
+        Target(
+            "Redis: concurrency never exceeded",
+            f"<= {first['concurrency']}",
+            str(max(entry["max_in_flight"] for entry in measured["multiprocess"])),
+            targets["concurrency never exceeded"],
+        )
+    )
+    result.targets.append(
+        Target(
+            "Redis: round trips per acquire",
+            "1",
+            str(single["acquire_round_trips"]),
+            targets["one round trip per uncontended acquire"],
+        )
+    )
+    result.data = measured
+    return result
+
+
+def _suites() -> tuple[Any, ...]:
+    from ._harness import Suite
+
+    return (
+        Suite("redis", "the Redis backend: per-op cost and 4 processes sharing a scope", run_suite),
+    )
+
+
+SUITES = _suites()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SUITES = {"uncontended", "scopes", "contended", "quality"}
+SUITES = {"uncontended", "scopes", "contended", "quality", "redis"}
 
 pytestmark = pytest.mark.slow
 
