@@ -170,7 +170,7 @@ def _fast_host(url: str) -> str | None:
     if match is None:
         return None
     netloc = match[2]
-    if not netloc or netloc[-1] == "." or _ODD_NETLOC.search(netloc):
+    if not netloc or netloc[-1] == "." or not netloc.isascii() or _ODD_NETLOC.search(netloc):
         return None
     if ":" in netloc:
         host, _, port = netloc.partition(":")
