@@ -121,6 +121,8 @@ def _read_list(value: Any, name: str) -> list[Any]:
 
 
 def _jitter(value: Any, name: str) -> Any:
+    if type(value) is int and value in (0, 1):
+        return bool(value)  # Scrapy's boolean convention, as for the strings "0" and "1"
     if isinstance(value, (list, tuple)):
         return tuple(read_float(item, name) for item in value)
     if isinstance(value, str):
