@@ -13,7 +13,7 @@ PYTHON = ["3.11"]
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Run the test suite (real local servers, a real redis-server when installed)."""
-    session.install("-e", ".[all,test,benchmarks]")
+    session.install("-e", ".[all,test,benchmarks,docs]")
     session.run("pytest", *session.posargs)
 
 
