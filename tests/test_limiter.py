@@ -732,3 +732,29 @@ async def test_contended_waiters_leave_no_tickets_behind() -> None:
             tg.start_soon(_hold, limiter, "https://a.example/", 0)
     assert_idle(limiter)
     assert live_tickets() == 0
+
+
+@virtual
+async def test_set_policy_applies_to_waiting_requests_at_once() -> None:
+    limiter = Limiter(default=ONE)
+    grants: list[float] = []
+
+    async def request() -> None:
+        async with limiter.acquire("https://a.example/") as permit:
+            grants.append(permit.granted_at)
+            await anyio.sleep(10)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(request)
+        await anyio.sleep(1)
+        assert grants == [0.0]
+        limiter.set_policy("a.example", ScopePolicy(concurrency=3, delay=0, slot_delay=0))
+        await until(lambda: len(grants) == 3)
+        assert grants == [0.0, 1.0, 1.0], "raising concurrency grants waiters without a release"
+        assert limiter.policy("a.example").concurrency == 3
+        assert "a.example" in limiter.policies
+        with pytest.raises(TypeError, match="must be a ScopePolicy"):
+            limiter.set_policy("a.example", {"concurrency": 3})  # type: ignore[arg-type]
+    assert grants[3] == 10.0
+    assert_idle(limiter)
