@@ -636,9 +636,20 @@ def test_scopes_idle_longer_than_max_idle_are_evicted() -> None:
 
 def test_scopes_above_max_scopes_are_evicted_longest_idle_first() -> None:
     core = _idle_core(max_scopes=2)
-    for index, scope in enumerate(("first", "second", "third")):
-        core.release(_use(core, scope, float(index)), index + 0.5)
+    for index, scope in enumerate(("first", "second", "third")):  # 10 s apart: delays ran out
+        core.release(_use(core, scope, 10.0 * index), 10.0 * index + 0.5)
     assert set(core.scopes) == {"second", "third"}
+
+
+def test_scopes_whose_delay_still_binds_are_not_evicted() -> None:
+    """Above max_scopes, a scope whose delay has not run out is spared: a fresh
+    ledger would let its next request out early."""
+    core = _idle_core(max_scopes=2)
+    for index, scope in enumerate(("first", "second", "third")):  # 1 s apart, delay 5 s
+        core.release(_use(core, scope, float(index)), index + 0.5)
+    assert set(core.scopes) == {"first", "second", "third"}
+    again = core.make_ticket({"first": 1.0}, 0, 3.0)
+    assert not core.try_grant(again, 3.0)  # still 5 s after its send at 0
 
 
 def test_busy_scopes_are_never_evicted() -> None:

@@ -278,3 +278,15 @@ async def test_concurrent_requests_caps_the_per_domain_concurrency() -> None:
     )
     times = await _send_times(limiter, 6, response_time=1.0)
     assert times == pytest.approx([0.0, 0.0, 1.0, 1.0, 2.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("settings", "name"),
+    [
+        ({"CONCURRENT_REQUESTS": -1}, "CONCURRENT_REQUESTS"),
+        ({"THROTTLING_ROBOTSTXT_MAX_DELAY": -1}, "THROTTLING_ROBOTSTXT_MAX_DELAY"),
+    ],
+)
+def test_negative_limits_name_the_setting(settings: dict[str, object], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        Limiter.from_settings(settings)

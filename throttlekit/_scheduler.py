@@ -181,8 +181,9 @@ class Scheduler:
 
         ``keep`` (just created for the request at hand) are the newest idle
         scopes, so reaching one of them ends the sweep. A scope whose quota
-        window still holds sends is kept (moved to the back), since dropping
-        it would hand out that quota again.
+        window still holds sends, or whose delay or server block has not run
+        out, is kept (moved to the back), since dropping it would let the
+        next request through early.
         """
         idle = self._idle
         horizon = now - self.max_idle
@@ -203,10 +204,12 @@ class Scheduler:
                 break
             if ledger.quota_log:
                 ledger.expire(now)
-                if ledger.quota_log:
-                    idle.move_to_end(name)
-                    spared += 1
-                    continue
+            if ledger.quota_log or ledger.next_send_at > now or ledger.blocked_until > now:
+                # Its quota window, delay or server block still binds: a fresh
+                # ledger would forget it and send early.
+                idle.move_to_end(name)
+                spared += 1
+                continue
             del idle[name]
             del self.scopes[name]
             ledger.idle = False

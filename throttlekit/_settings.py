@@ -281,6 +281,13 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
             message = f"{setting}: {message}"
         raise type(exc)(f"invalid throttling settings: {message}") from None
     cap = read_int(_get(settings, "CONCURRENT_REQUESTS"), "CONCURRENT_REQUESTS")
+    if cap < 0:
+        raise ValueError(f"CONCURRENT_REQUESTS must be >= 0 (0 = unlimited), got {cap!r}")
+    robots_cap = read_float(
+        _get(settings, "THROTTLING_ROBOTSTXT_MAX_DELAY"), "THROTTLING_ROBOTSTXT_MAX_DELAY"
+    )
+    if not robots_cap >= 0:
+        raise ValueError(f"THROTTLING_ROBOTSTXT_MAX_DELAY must be >= 0 seconds, got {robots_cap!r}")
     scopes_setting = _get(settings, "THROTTLING_SCOPES") or {}
     if not isinstance(scopes_setting, Mapping):
         raise TypeError(f"THROTTLING_SCOPES must be a dict of scope → dict, got {scopes_setting!r}")
@@ -316,7 +323,5 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
         "default": default,
         "scopes": policies,
         "concurrency": cap if cap > 0 else None,
-        "robotstxt_max_delay": read_float(
-            _get(settings, "THROTTLING_ROBOTSTXT_MAX_DELAY"), "THROTTLING_ROBOTSTXT_MAX_DELAY"
-        ),
+        "robotstxt_max_delay": robots_cap,
     }
