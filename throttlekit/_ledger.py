@@ -83,7 +83,6 @@ class ScopeLedger:
         "idle_since",
         "in_flight",
         "jitter",
-        "last_send",
         "listed_at",
         "name",
         "next_send_at",
@@ -101,7 +100,6 @@ class ScopeLedger:
         self.policy = policy
         self.in_flight = 0
         self.waiting = 0
-        self.last_send = -INF
         self.next_send_at = -INF
         self.factor = 1.0  # the jitter factor drawn at the last send
         # Send times of free concurrency slots that have been used (a min-heap);
@@ -163,9 +161,9 @@ class ScopeLedger:
                 concurrency = limit if concurrency is None else min(concurrency, limit)
             if controller.blocked_until > blocked:
                 blocked = controller.blocked_until
-        if delay != self.delay and self.last_send > -INF:
+        if delay != self.delay and self.next_send_at > -INF:
             # A new delay applies from the last send, with the jitter drawn then.
-            self.next_send_at = self.last_send + delay * self.factor
+            self.next_send_at += (delay - self.delay) * self.factor
         self.delay = delay
         self.jitter = jitter
         self.concurrency = None if concurrency is None else max(1, concurrency)
@@ -268,7 +266,6 @@ class ScopeLedger:
     def grant(self, cost: float, now: float, rng: random.Random) -> QuotaEntry | None:
         """Take one concurrency slot, the delay and ``cost`` of quota at ``now``."""
         self.in_flight += 1
-        self.last_send = now
         low, high = self.jitter
         if low != high:
             self.factor = 1.0 + rng.uniform(low, high)
