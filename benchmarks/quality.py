@@ -748,7 +748,8 @@ def run_quality(config: RunConfig) -> SuiteResult:
             "a non-200 response cannot lower the delay), so on the quota sites it keeps "
             "sending at about one request per page latency and the site refuses the "
             "excess. throttlekit's backoff counts each 429 as a signal: its first step "
-            "sets the delay to BACKOFF_MIN_DELAY (1 s) whatever delay was in force, and it "
+            "sets the delay to at least BACKOFF_MIN_DELAY (1 s), far above the delay "
+            "AutoThrottle had reached, and it "
             "steps back only after BACKOFF_WINDOW (60 s) without a signal, longer than "
             "these runs.",
         ]
