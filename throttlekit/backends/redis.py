@@ -42,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'throttlekit.backends.redis needs redis-py: pip install "throttlekit[redis]"'
     ) from exc
 
+from .._checks import check_number
 from .._errors import BackendUnavailable, Overloaded, ThrottleTimeout
 from .._stats import ScopeStatistics
 from . import _redis_scripts as scripts
@@ -126,16 +127,6 @@ def _remaining(deadline: float) -> float | None:
 
 def _timeout(costs: Mapping[str, float]) -> ThrottleTimeout:
     return ThrottleTimeout(f"no grant before the timeout for scopes {sorted(costs)}")
-
-
-def _check_seconds(name: str, value: object, *, minimum: float, strict: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < minimum or (strict and number == minimum):
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
-    return number
 
 
 def _policy_args(policy: ScopePolicy) -> tuple[float, ...]:
@@ -417,14 +408,14 @@ class RedisBackend:
         if not callable(getattr(client, "register_script", None)):
             raise TypeError(f"client must be a redis.asyncio.Redis client, got {type(client)!r}")
         self.prefix = prefix
-        self.lease_time = _check_seconds("lease_time", lease_time, minimum=0.0, strict=True)
+        self.lease_time = check_number("lease_time", lease_time, minimum=0.0, strict=True)
         self.failure: FailurePolicy = failure
-        self.reserve_ahead = _check_seconds("reserve_ahead", reserve_ahead, minimum=0, strict=False)
-        self.state_ttl = _check_seconds("state_ttl", state_ttl, minimum=0.0, strict=True)
-        self.reconnect_interval = _check_seconds(
+        self.reserve_ahead = check_number("reserve_ahead", reserve_ahead, minimum=0, strict=False)
+        self.state_ttl = check_number("state_ttl", state_ttl, minimum=0.0, strict=True)
+        self.reconnect_interval = check_number(
             "reconnect_interval", reconnect_interval, minimum=0.0, strict=False
         )
-        self.release_timeout = _check_seconds(
+        self.release_timeout = check_number(
             "release_timeout", release_timeout, minimum=0.0, strict=True
         )
         self._client = client
@@ -619,7 +610,7 @@ class RedisBackend:
         if lease.released:
             return False
         seconds = self.lease_time if lease_time is None else lease_time
-        seconds = _check_seconds("lease_time", seconds, minimum=0.0, strict=True)
+        seconds = check_number("lease_time", seconds, minimum=0.0, strict=True)
         keys = lease.keys[0 : -1 : len(_SUFFIXES)]
         try:
             count = await self._renew_script(keys=keys, args=[lease.id, seconds * 1000.0])
@@ -642,7 +633,7 @@ class RedisBackend:
                 response = await client.get(url)  # may take longer than lease_time
         """
         every = self.lease_time / 3.0 if interval is None else interval
-        every = _check_seconds("interval", every, minimum=0.0, strict=True)
+        every = check_number("interval", every, minimum=0.0, strict=True)
 
         async def renew_forever() -> None:
             while True:
