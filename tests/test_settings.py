@@ -290,3 +290,10 @@ async def test_concurrent_requests_caps_the_per_domain_concurrency() -> None:
 def test_negative_limits_name_the_setting(settings: dict[str, object], name: str) -> None:
     with pytest.raises(ValueError, match=name):
         Limiter.from_settings(settings)
+
+
+def test_throttling_scopes_as_json_text() -> None:
+    limiter = Limiter.from_settings({"THROTTLING_SCOPES": '{"api.test": {"concurrency": 4}}'})
+    assert limiter.policy("api.test").concurrency == 4
+    with pytest.raises(ValueError, match="THROTTLING_SCOPES"):
+        Limiter.from_settings({"THROTTLING_SCOPES": "{not json"})

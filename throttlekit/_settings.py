@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -289,6 +290,15 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     if not robots_cap >= 0:
         raise ValueError(f"THROTTLING_ROBOTSTXT_MAX_DELAY must be >= 0 seconds, got {robots_cap!r}")
     scopes_setting = _get(settings, "THROTTLING_SCOPES") or {}
+    if isinstance(
+        scopes_setting, str
+    ):  # as given on a command line: scrapy -s THROTTLING_SCOPES=...
+        try:
+            scopes_setting = json.loads(scopes_setting)
+        except ValueError:
+            raise ValueError(
+                f"THROTTLING_SCOPES must be a dict or its JSON text, got {scopes_setting!r}"
+            ) from None
     if not isinstance(scopes_setting, Mapping):
         raise TypeError(f"THROTTLING_SCOPES must be a dict of scope → dict, got {scopes_setting!r}")
     policies: dict[str, ScopePolicy] = {}
