@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,12 +99,16 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def split_config(
-    config: Mapping[str, Any], section: str, where: str
+    config: Mapping[str, Any],
+    section: str,
+    where: str,
+    table_keys: Sequence[str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split a config file into the throttling settings and the ``[section]`` table.
 
     Top-level keys are settings (the names :meth:`Limiter.from_settings`
-    reads); unknown names are an error, with a suggestion.
+    reads); unknown names are an error, with a suggestion. When ``table_keys``
+    is given, keys of the ``[section]`` table outside it are an error too.
     """
     settings: dict[str, Any] = {}
     table: dict[str, Any] = {}
@@ -114,6 +118,12 @@ def split_config(
             if not isinstance(value, Mapping):
                 raise CLIError(f"{where}: [{section}] must be a table")
             table = dict(value)
+            for name in table:
+                if table_keys is not None and name not in table_keys:
+                    raise CLIError(
+                        f"{where}: [{section}] has unknown key {name!r}; "
+                        f"known: {', '.join(table_keys)}"
+                    )
         elif key in DEFAULT_SETTINGS:
             settings[key] = value
         else:

@@ -337,12 +337,7 @@ def fetch_command(
     where = "fetch"
     if config is not None:
         where = str(config)
-        settings, table = split_config(read_toml(config), "fetch", where)
-        for key in table:
-            if key not in _TABLE_KEYS:
-                raise CLIError(
-                    f"{where}: [fetch] has unknown key {key!r}; known: {', '.join(_TABLE_KEYS)}"
-                )
+        settings, table = split_config(read_toml(config), "fetch", where, _TABLE_KEYS)
     if concurrency is not None:
         settings["CONCURRENT_REQUESTS"] = concurrency
     if per_host is not None:

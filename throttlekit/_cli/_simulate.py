@@ -91,12 +91,7 @@ def _plan(
     where = "simulate"
     if config is not None:
         where = str(config)
-        settings, table = split_config(read_toml(config), "simulate", where)
-        for key in table:
-            if key not in _TABLE_KEYS:
-                raise CLIError(
-                    f"{where}: [simulate] has unknown key {key!r}; known: {', '.join(_TABLE_KEYS)}"
-                )
+        settings, table = split_config(read_toml(config), "simulate", where, _TABLE_KEYS)
     settings.update(settings_flags)
     if delay is not None:
         settings["DOWNLOAD_DELAY"] = delay
