@@ -15,8 +15,15 @@ from ._checks import check_number, normalize_jitter, positive
 if TYPE_CHECKING:
     from ._controller import Feedback
     from ._ledger import ScopeLedger
+    from .headers import RateLimitInfo
 
-__all__ = ["DEFAULT_BACKOFF_EXCEPTIONS", "DEFAULT_BACKOFF_HTTP_CODES", "Backoff", "BackoffState"]
+__all__ = [
+    "DEFAULT_BACKOFF_EXCEPTIONS",
+    "DEFAULT_BACKOFF_HTTP_CODES",
+    "Backoff",
+    "BackoffState",
+    "low_remaining_pace",
+]
 
 logger = logging.getLogger("throttlekit.backoff")
 
@@ -76,6 +83,21 @@ def resolve_exception(spec: str | type[BaseException]) -> type[BaseException] | 
         _RESOLVED[spec] = candidate
         return candidate
     return None
+
+
+def low_remaining_pace(info: RateLimitInfo) -> float | None:
+    """Seconds between sends that spread a nearly spent server quota over its window.
+
+    ``None`` unless little is left: at most a fifth of the limit, or at most
+    10 requests when the limit is unknown (and the reset time is known).
+    """
+    pace = info.pace()
+    remaining = info.remaining
+    if pace is None or remaining is None:
+        return None
+    limit = info.limit
+    low = remaining <= 0.2 * limit if limit is not None else remaining <= 10
+    return pace if low else None
 
 
 def _codes(value: Iterable[int]) -> frozenset[int]:
@@ -391,7 +413,7 @@ class BackoffState:
             self.level,
         )
 
-    def _apply_headers(self, info: Any, now: float) -> None:
+    def _apply_headers(self, info: RateLimitInfo, now: float) -> None:
         max_delay = self.config.max_delay
         wait = info.wait()
         if wait is not None and wait > 0:
@@ -404,17 +426,8 @@ class BackoffState:
                     min(wait, max_delay),
                     until,
                 )
-        pace = info.pace()
-        remaining = info.remaining
-        limit = info.limit
-        if (
-            pace is not None
-            and remaining is not None
-            and (
-                (limit is not None and remaining <= 0.2 * limit)
-                or (limit is None and remaining <= 10)
-            )
-        ):
+        pace = low_remaining_pace(info)
+        if pace is not None:
             self._pace_delay = min(pace, max_delay)
             self._pace_until = now + min(info.reset or 0.0, max_delay)
 

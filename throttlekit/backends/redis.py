@@ -42,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'throttlekit.backends.redis needs redis-py: pip install "throttlekit[redis]"'
     ) from exc
 
+from .._backoff import low_remaining_pace
 from .._checks import check_number
 from .._errors import BackendUnavailable, Overloaded, ThrottleTimeout
 from .._stats import ScopeStatistics
@@ -181,19 +182,9 @@ def _feedback_args(feedback: Feedback | None) -> list[float | str]:
             wait = info.wait()
             if wait is not None and wait > 0:
                 hwait = wait * 1000.0
-            # The same condition as the in-memory backoff: pace the rest of
-            # the window when little of the server's quota is left.
-            interval = info.pace()
-            remaining = info.remaining
-            limit = info.limit
-            if (
-                interval is not None
-                and remaining is not None
-                and (
-                    (limit is not None and remaining <= 0.2 * limit)
-                    or (limit is None and remaining <= 10)
-                )
-            ):
+            # The same rule as the in-memory backoff.
+            interval = low_remaining_pace(info)
+            if interval is not None:
                 pace = interval * 1000.0
                 pace_for = (info.reset or 0.0) * 1000.0
         if feedback.latency is not None and math.isfinite(feedback.latency):
