@@ -345,13 +345,6 @@ class Scheduler:
             if ledger.waiting:
                 self._mark(ledger)
 
-    def touch(self, name: str) -> None:
-        """Re-examine scope ``name`` (after its limits changed from outside)."""
-        ledger = self.scopes.get(name)
-        if ledger is not None:
-            ledger.refresh()
-            self._mark(ledger)
-
     # -- dispatch ------------------------------------------------------------------
 
     def dispatch(self, now: float) -> list[Ticket]:
