@@ -706,6 +706,21 @@ async def test_record_latency_and_consumed_quota() -> None:
     assert limiter.statistics().scopes["api"].quota_used == 0.0
 
 
+@virtual
+@pytest.mark.parametrize(("retry_after", "waited"), [("500", 500.0), ("3600", 600.0)])
+async def test_retry_after_is_capped_by_backoff_max_delay_only(
+    retry_after: str, waited: float
+) -> None:
+    """``Backoff.max_delay`` is the cap of a server-requested wait, whatever its size."""
+    policy = ScopePolicy(concurrency=1, delay=0, backoff=throttlekit.Backoff(max_delay=600.0))
+    limiter = Limiter(default=policy)
+    async with limiter.acquire("https://a.example/") as permit:
+        permit.record(status=429, headers={"Retry-After": retry_after})
+    start = anyio.current_time()
+    async with limiter.acquire("https://a.example/") as permit:
+        assert permit.granted_at - start == pytest.approx(waited)
+
+
 async def test_statistics_snapshot() -> None:
     limiter = Limiter(
         scopes={"api": ScopePolicy(concurrency=2, delay=0.5, quota=3.0)}, concurrency=8

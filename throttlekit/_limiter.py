@@ -46,6 +46,10 @@ def _now() -> float:
 
 INF = math.inf
 
+#: The longest wait read from rate-limit headers here (about 30 years): no cap
+#: in practice, so that each scope's ``Backoff.max_delay`` is the cap that applies.
+_HEADER_MAX_DELAY = 1e9
+
 
 def _now_or_monotonic() -> float:
     """The backend's clock, or the monotonic clock outside an event loop (statistics)."""
@@ -685,7 +689,9 @@ class Limiter:
         if fields["headers"]:
             from . import headers as _headers
 
-            fields["rate_limit"] = _headers.parse(fields["headers"], now=time.time())
+            fields["rate_limit"] = _headers.parse(
+                fields["headers"], now=time.time(), max_delay=_HEADER_MAX_DELAY
+            )
         return Feedback(**fields)
 
     def _record(
