@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import httpx
 
-from throttlekit import Feedback, Limiter, ScopePolicy
+from throttlekit import BaseController, Feedback, Limiter, ScopePolicy, ScopeView
 from throttlekit.adapters.httpx import ThrottledTransport
 from throttlekit.scopes import ScopeCosts, add_scope, by_host, request_url
 
@@ -61,7 +61,7 @@ def upstream_status(headers: Mapping[str, Any] | Any) -> int | None:
         return None
 
 
-class UpstreamBackoff:
+class UpstreamBackoff(BaseController):
     """Exponential backoff of a target-site scope, driven by the upstream status header.
 
     Each upstream 429/5xx doubles the scope's delay (starting at
@@ -82,13 +82,11 @@ class UpstreamBackoff:
     ) -> None:
         self.min_delay, self.max_delay, self.window = min_delay, max_delay, window
         self.delay = 0.0  # seconds between sends asked for; 0 = no opinion
-        self.concurrency: int | None = None  # no opinion
-        self.blocked_until = -math.inf  # never pauses the scope outright
         self.last_signal = -math.inf  # when the last upstream 429/5xx arrived
         self.raised_at = -math.inf  # when the delay was last increased
         self.moved_at = -math.inf  # when the delay last changed
 
-    def on_send(self, now: float) -> bool:
+    def on_send(self, scope: ScopeView, now: float) -> bool:
         if self.delay and now - max(self.last_signal, self.moved_at) >= self.window:
             halved = self.delay / 2
             self.delay = halved if halved >= self.min_delay else 0.0
@@ -96,7 +94,7 @@ class UpstreamBackoff:
             return True  # the delay changed: the scope recomputes its limits
         return False
 
-    def on_feedback(self, feedback: Feedback, now: float) -> None:
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
         if upstream_status(feedback.headers) not in OVERLOADED:
             return
         self.last_signal = now

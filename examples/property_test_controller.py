@@ -16,7 +16,7 @@ import math
 
 from hypothesis import given, settings
 
-from throttlekit import Feedback, ScopePolicy
+from throttlekit import BaseController, Feedback, ScopePolicy, ScopeView
 from throttlekit.testing import assert_respects, simulate
 from throttlekit.testing import strategies as tks
 
@@ -24,22 +24,20 @@ SLOW_DELAY = 2.0
 COOLDOWN = 10.0
 
 
-class Cooldown:
+class Cooldown(BaseController):
     """Slow a scope down to ``slow_delay`` for ``cooldown`` seconds after a 5xx."""
 
     def __init__(self, policy: ScopePolicy) -> None:
         self.delay = 0.0  # no opinion until a 5xx arrives
-        self.concurrency: int | None = None
-        self.blocked_until = -math.inf
         self.until = -math.inf
 
-    def on_send(self, now: float) -> bool:
+    def on_send(self, scope: ScopeView, now: float) -> bool:
         if self.delay and now >= self.until:
             self.delay = 0.0
-            return True  # our limits changed: the ledger recomputes the effective ones
+            return True  # our limits changed: the scope recomputes its effective ones
         return False
 
-    def on_feedback(self, feedback: Feedback, now: float) -> None:
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
         if feedback.status is not None and feedback.status >= 500:
             self.delay = SLOW_DELAY
             self.until = now + COOLDOWN

@@ -511,7 +511,8 @@ async def test_lua_controllers_match_the_in_memory_ones(
         if kind == "send":
             args += ["send", now * 1000]
             for controller in ledger.controllers:
-                controller.on_send(now)
+                if now >= controller.due:
+                    controller.on_send(ledger, now)
         else:
             assert feedback is not None
             backoff = policy.backoff

@@ -18,7 +18,16 @@ import attrs
 import pytest
 
 import throttlekit
-from throttlekit import AutoThrottle, Backoff, Feedback, Limiter, Rampup, ScopePolicy
+from throttlekit import (
+    AutoThrottle,
+    Backoff,
+    BaseController,
+    Feedback,
+    Limiter,
+    Rampup,
+    ScopePolicy,
+    ScopeView,
+)
 from throttlekit._autothrottle import autothrottle_delay
 from throttlekit._ledger import ScopeLedger
 
@@ -209,14 +218,14 @@ def test_autothrottle_debug_line_and_dont_adjust(caplog: pytest.LogCaptureFixtur
     ledger.in_flight = 1
     state = ledger.controllers[0]
     with caplog.at_level(logging.INFO, logger="throttlekit.autothrottle"):
-        state.on_feedback(Feedback(status=200, latency=1.0, size=1234), 0.0)
+        state.on_feedback(ledger, Feedback(status=200, latency=1.0, size=1234), 0.0)
     assert caplog.messages == [
         "slot: example.com | conc: 1 | delay: 3000 ms (-2000) | "
         "latency: 1000 ms | size:  1234 bytes"
     ]
-    state.on_feedback(Feedback(status=200, latency=0.1, adjust_delay=False), 1.0)
+    state.on_feedback(ledger, Feedback(status=200, latency=0.1, adjust_delay=False), 1.0)
     assert state.delay == 3.0  # autothrottle_dont_adjust_delay: ignored
-    state.on_feedback(Feedback(exception=TimeoutError()), 2.0)
+    state.on_feedback(ledger, Feedback(exception=TimeoutError()), 2.0)
     assert state.delay == 3.0  # no response, no latency: ignored
 
 
@@ -254,10 +263,10 @@ def _backoff_ledger(**backoff: Any) -> ScopeLedger:
 def test_backoff_burst_from_in_flight_requests_is_one_step() -> None:
     ledger = _backoff_ledger()
     for _ in range(10):  # ten parallel requests, all sent at t=0, all 429
-        ledger.controllers[0].on_feedback(Feedback(status=429, sent_at=0.0), 0.5)
+        ledger.controllers[0].on_feedback(ledger, Feedback(status=429, sent_at=0.0), 0.5)
     ledger.refresh()
     assert ledger.delay == 1.0  # min_delay: one step, not 2 ** 10
-    ledger.controllers[0].on_feedback(Feedback(status=429, sent_at=1.0), 1.5)
+    ledger.controllers[0].on_feedback(ledger, Feedback(status=429, sent_at=1.0), 1.5)
     ledger.refresh()
     assert ledger.delay == 2.0  # a request sent after the step is a new signal
 
@@ -314,15 +323,15 @@ def test_backoff_concurrency_shrinks_at_max_delay_and_recovers() -> None:
     now = 0.0
     for _ in range(3):  # 1 -> 2 -> 4 (max)
         now += 1.0
-        state.on_feedback(Feedback(status=503, sent_at=now), now + 0.1)
+        state.on_feedback(ledger, Feedback(status=503, sent_at=now), now + 0.1)
     ledger.refresh()
     assert (ledger.delay, ledger.concurrency) == (4.0, 4)
     now += 1.0
-    state.on_feedback(Feedback(status=503, sent_at=now), now + 0.1)
+    state.on_feedback(ledger, Feedback(status=503, sent_at=now), now + 0.1)
     ledger.refresh()
     assert (ledger.delay, ledger.concurrency) == (4.0, 2)
     now += 1.0
-    state.on_feedback(Feedback(status=503, sent_at=now), now + 0.1)
+    state.on_feedback(ledger, Feedback(status=503, sent_at=now), now + 0.1)
     ledger.refresh()
     assert ledger.concurrency == 1
     # Quiet windows: concurrency comes back first, then the delay steps down,
@@ -330,7 +339,7 @@ def test_backoff_concurrency_shrinks_at_max_delay_and_recovers() -> None:
     delays = []
     for _ in range(40):
         now += 10.0
-        state.on_send(now)
+        state.on_send(ledger, now)
         ledger.refresh()
         delays.append(ledger.delay)
     assert ledger.concurrency == 4
@@ -343,11 +352,11 @@ def test_backoff_concurrency_shrinks_at_max_delay_and_recovers() -> None:
 def test_retry_after_blocks_and_is_capped() -> None:
     ledger = _backoff_ledger(max_delay=30.0)
     state = ledger.controllers[0]
-    state.on_feedback(Feedback(status=429, rate_limit=_info(retry_after=7.0)), 100.0)
+    state.on_feedback(ledger, Feedback(status=429, rate_limit=_info(retry_after=7.0)), 100.0)
     ledger.refresh()
     assert ledger.blocked_until == 107.0
     assert ledger.ready_at(1.0, 100.0) == 107.0
-    state.on_feedback(Feedback(status=429, rate_limit=_info(retry_after=3600.0)), 101.0)
+    state.on_feedback(ledger, Feedback(status=429, rate_limit=_info(retry_after=3600.0)), 101.0)
     ledger.refresh()
     assert ledger.blocked_until == 131.0  # capped at max_delay
 
@@ -355,17 +364,17 @@ def test_retry_after_blocks_and_is_capped() -> None:
 def test_remaining_zero_blocks_until_reset_and_low_remaining_paces() -> None:
     ledger = _backoff_ledger()
     state = ledger.controllers[0]
-    state.on_feedback(Feedback(status=200, rate_limit=_info(remaining=0, reset=12.0)), 50.0)
+    state.on_feedback(ledger, Feedback(status=200, rate_limit=_info(remaining=0, reset=12.0)), 50.0)
     ledger.refresh()
     assert ledger.blocked_until == 62.0
     ledger = _backoff_ledger()
     state = ledger.controllers[0]
     state.on_feedback(
-        Feedback(status=200, rate_limit=_info(remaining=5, limit=100, reset=10.0)), 0.0
+        ledger, Feedback(status=200, rate_limit=_info(remaining=5, limit=100, reset=10.0)), 0.0
     )
     ledger.refresh()
     assert ledger.delay == 2.0  # 5 requests left for 10 s: one every 2 s
-    state.on_send(10.5)  # the window reset
+    state.on_send(ledger, 10.5)  # the window reset
     ledger.refresh()
     assert ledger.delay == 0.0
 
@@ -547,20 +556,14 @@ def test_crawl_delay(caplog: pytest.LogCaptureFixture) -> None:
 # -- settings and custom controllers ------------------------------------------------
 
 
-class HalfSpeed:
+class HalfSpeed(BaseController):
     """A custom controller: doubles the policy delay after any 5xx."""
-
-    concurrency = None
-    blocked_until = -math.inf
 
     def __init__(self, policy: ScopePolicy) -> None:
         self.policy = policy
         self.delay = 0.0
 
-    def on_send(self, now: float) -> None:
-        return None
-
-    def on_feedback(self, feedback: Feedback, now: float) -> None:
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
         if feedback.status is not None and feedback.status >= 500:
             self.delay = max(self.delay, self.policy.delay * 2)
 
@@ -651,7 +654,7 @@ def test_concurrency_cut_ends_for_an_unlimited_policy() -> None:
     ledger.in_flight = 0
     for _ in range(40):
         now += 10.0
-        state.on_send(now)
+        state.on_send(ledger, now)
         ledger.refresh()
     assert ledger.concurrency is None
     assert state.level == 0

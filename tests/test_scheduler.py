@@ -30,7 +30,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from throttlekit import Feedback, ScopePolicy
+from throttlekit import BaseController, Feedback, ScopePolicy, ScopeView
 from throttlekit._scheduler import CANCELLED, GRANTED, RELEASED, WAITING, Scheduler, Ticket
 
 INF = math.inf
@@ -700,19 +700,16 @@ def test_eviction_does_not_forget_an_open_quota_window() -> None:
 # -- stateful test ---------------------------------------------------------------------------
 
 
-class StepController:
+class StepController(BaseController):
     """A custom controller: each 429 doubles the delay and caps concurrency at 1; 200 resets."""
 
     def __init__(self, policy: ScopePolicy) -> None:
-        self.delay = 0.0
-        self.concurrency: int | None = None
-        self.blocked_until = -INF
         self.sends = 0
 
-    def on_send(self, now: float) -> None:
+    def on_send(self, scope: ScopeView, now: float) -> None:
         self.sends += 1
 
-    def on_feedback(self, feedback: Feedback, now: float) -> None:
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
         if feedback.status == 429:
             self.delay = max(0.1, self.delay * 2)
             self.concurrency = 1

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import throttlekit.testing
-from throttlekit import Feedback, Limiter, ScopePolicy
+from throttlekit import BaseController, Feedback, Limiter, ScopePolicy, ScopeView
 from throttlekit.headers import parse
 from throttlekit.testing import (
     CapacityServer,
@@ -289,18 +289,13 @@ def test_duration_ends_the_run() -> None:
     assert trace.count(outcome="unsent") == 3
 
 
-class _StuckForever:
+class _StuckForever(BaseController):
     """A controller that blocks its scope forever after the first response."""
 
     def __init__(self, policy: ScopePolicy) -> None:
-        self.delay = 0.0
-        self.concurrency = None
-        self.blocked_until = -math.inf
+        pass
 
-    def on_send(self, now: float) -> None:
-        return None
-
-    def on_feedback(self, feedback: Feedback, now: float) -> None:
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
         self.blocked_until = math.inf
 
 
@@ -637,7 +632,7 @@ def test_documented_property_test_catches_a_broken_controller() -> None:
     example = load_example("property_test_controller")
 
     class Broken(example.Cooldown):  # type: ignore[name-defined,misc]
-        def on_feedback(self, feedback: Feedback, now: float) -> None:
+        def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
             pass  # forgets to slow down
 
     policy = ScopePolicy(concurrency=1, delay=0, slot_delay=0, backoff=None, controllers=[Broken])

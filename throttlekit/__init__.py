@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ._autothrottle import AutoThrottle
 from ._backoff import Backoff
-from ._controller import Controller, Feedback
+from ._controller import BaseController, Controller, Feedback, ScopeSnapshot, ScopeView
 from ._errors import (
     BackendUnavailable,
     Overloaded,
@@ -32,6 +32,7 @@ __all__ = [
     "AutoThrottle",
     "BackendUnavailable",
     "Backoff",
+    "BaseController",
     "Controller",
     "Feedback",
     "Limiter",
@@ -40,7 +41,9 @@ __all__ = [
     "Permit",
     "Rampup",
     "ScopePolicy",
+    "ScopeSnapshot",
     "ScopeStatistics",
+    "ScopeView",
     "ThrottleTimeout",
     "ThrottlekitError",
     "WouldBlock",

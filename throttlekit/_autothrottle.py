@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ._checks import non_negative, positive
+from ._controller import SlotState
 
 if TYPE_CHECKING:
-    from ._controller import Feedback
-    from ._ledger import ScopeLedger
+    from ._controller import Feedback, ScopeView
+    from ._policy import ScopePolicy
 
 __all__ = ["AutoThrottle", "AutoThrottleState", "autothrottle_delay"]
 
@@ -72,34 +73,36 @@ class AutoThrottle:
     target_concurrency: float = attrs.field(default=1.0, validator=positive)
     debug: bool = False
 
-    def controller(self, ledger: ScopeLedger) -> AutoThrottleState:
-        """Make the per-scope state for ``ledger``."""
-        return AutoThrottleState(self, ledger)
+    def controller(self, policy: ScopePolicy) -> AutoThrottleState:
+        """Make the per-scope state for a scope with ``policy``."""
+        return AutoThrottleState(self, policy)
 
 
-class AutoThrottleState:
+class AutoThrottleState(SlotState):
     """The live AutoThrottle delay of one scope."""
 
-    __slots__ = ("_ledger", "config", "delay", "latency", "reason")
+    __slots__ = ("config", "delay", "latency", "reason")
 
+    STATE = ("delay", "latency", "reason")
     concurrency = None
     blocked_until = -math.inf
+    jitter = None
+    replaces_policy = False
+    due = math.inf  # sends change nothing
 
-    def __init__(self, config: AutoThrottle, ledger: ScopeLedger) -> None:
+    def __init__(self, config: AutoThrottle, policy: ScopePolicy) -> None:
         self.config = config
-        self._ledger = ledger
-        self.delay = max(ledger.policy.delay, config.start_delay)
+        self.delay = max(policy.delay, config.start_delay)
         self.latency: float | None = None
         self.reason = f"autothrottle start delay {self.delay:g} s"
 
     def __repr__(self) -> str:
-        name = self._ledger.name
-        return f"<AutoThrottleState {name!r} delay={self.delay:g} latency={self.latency}>"
+        return f"<AutoThrottleState delay={self.delay:g} latency={self.latency}>"
 
-    def on_send(self, now: float) -> None:
+    def on_send(self, scope: ScopeView, now: float) -> None:
         return None
 
-    def on_feedback(self, feedback: Feedback, now: float) -> None:
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
         latency = feedback.latency
         status = feedback.status
         if latency is None or status is None or not feedback.adjust_delay:
@@ -113,7 +116,7 @@ class AutoThrottleState:
             latency,
             status,
             target_concurrency=config.target_concurrency,
-            min_delay=self._ledger.policy.delay,
+            min_delay=scope.policy.delay,
             max_delay=config.max_delay,
         )
         self.latency = latency
@@ -121,7 +124,7 @@ class AutoThrottleState:
         if self.delay != old:
             logger.debug(
                 "scope %s: autothrottle delay %.3f -> %.3f s (latency %.3f s, status %s)",
-                self._ledger.name,
+                scope.name,
                 old,
                 self.delay,
                 latency,
@@ -133,8 +136,8 @@ class AutoThrottleState:
                 "delay:%(delay)5d ms (%(delaydiff)+d) | "
                 "latency:%(latency)5d ms | size:%(size)6d bytes",
                 {
-                    "slot": self._ledger.name,
-                    "concurrency": self._ledger.in_flight,
+                    "slot": scope.name,
+                    "concurrency": scope.in_flight,
                     "delay": self.delay * 1000,
                     "delaydiff": (self.delay - old) * 1000,
                     "latency": latency * 1000,

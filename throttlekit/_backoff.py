@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._checks import check_number, normalize_jitter, positive
+from ._controller import SlotState
 
 if TYPE_CHECKING:
-    from ._controller import Feedback
-    from ._ledger import ScopeLedger
+    from ._controller import Feedback, ScopeView
+    from ._policy import ScopePolicy
     from .headers import RateLimitInfo
 
 __all__ = [
@@ -215,12 +216,12 @@ class Backoff:
         exception = feedback.exception
         return exception is not None and isinstance(exception, self.exception_classes())
 
-    def controller(self, ledger: ScopeLedger) -> BackoffState:
-        """Make the per-scope state for ``ledger``."""
-        return BackoffState(self, ledger)
+    def controller(self, policy: ScopePolicy | None = None) -> BackoffState:
+        """Make the per-scope state (the same for every policy)."""
+        return BackoffState(self)
 
 
-class BackoffState:
+class BackoffState(SlotState):
     """The live backoff state of one scope (see :class:`Backoff`)."""
 
     __slots__ = (
@@ -229,7 +230,6 @@ class BackoffState:
         "_cut_from",
         "_forgot",
         "_good_delay",
-        "_ledger",
         "_pace_delay",
         "_pace_until",
         "_step_at",
@@ -243,9 +243,27 @@ class BackoffState:
         "step_delay",
     )
 
-    def __init__(self, config: Backoff, ledger: ScopeLedger) -> None:
+    STATE = (
+        "_bad_delay",
+        "_calm",
+        "_cut_from",
+        "_forgot",
+        "_good_delay",
+        "_pace_delay",
+        "_pace_until",
+        "_step_at",
+        "blocked_until",
+        "concurrency",
+        "last_signal",
+        "last_signal_at",
+        "level",
+        "reason",
+        "step_delay",
+    )
+    replaces_policy = False
+
+    def __init__(self, config: Backoff) -> None:
         self.config = config
-        self._ledger = ledger
         self.level = 0
         self.step_delay = 0.0
         self.concurrency: int | None = None
@@ -264,7 +282,7 @@ class BackoffState:
 
     def __repr__(self) -> str:
         return (
-            f"<BackoffState {self._ledger.name!r} level={self.level} delay={self.delay:g} "
+            f"<BackoffState level={self.level} delay={self.delay:g} "
             f"concurrency={self.concurrency} blocked_until={self.blocked_until:g}>"
         )
 
@@ -277,10 +295,20 @@ class BackoffState:
     def active(self) -> bool:
         return self.level > 0 or self.concurrency is not None
 
-    def on_send(self, now: float) -> bool:
+    @property
+    def due(self) -> float:
+        """When a send may step back (a quiet window ended) or end the header pace."""
+        due = INF
+        if self.active:
+            due = max(self.last_signal_at, self._step_at) + self.config.window
+        if self._pace_delay and self._pace_until < due:
+            due = self._pace_until
+        return due
+
+    def on_send(self, scope: ScopeView, now: float) -> bool:
         changed = False
         if self.active and now - max(self.last_signal_at, self._step_at) >= self.config.window:
-            self._step_back(now)
+            self._step_back(scope, now)
             changed = True
         if self._pace_delay and now >= self._pace_until:
             self._pace_delay = 0.0
@@ -288,14 +316,14 @@ class BackoffState:
             changed = True
         return changed
 
-    def on_feedback(self, feedback: Feedback, now: float) -> None:
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
         config = self.config
         info = feedback.rate_limit
         if info is not None:
-            self._apply_headers(info, now)
+            self._apply_headers(scope, info, now)
         if not config.is_signal(feedback):
             if self.active and now - max(self.last_signal_at, self._step_at) >= config.window:
-                self._step_back(now)
+                self._step_back(scope, now)
             return
         status = feedback.status
         if status is not None and status in config.http_codes:
@@ -308,20 +336,19 @@ class BackoffState:
         sent_at = feedback.sent_at
         if sent_at is not None and sent_at <= self._step_at:
             return  # in flight before the last step: part of that step
-        self._step_up(now)
+        self._step_up(scope, now)
 
     # -- steps ---------------------------------------------------------------------
 
-    def _step_up(self, now: float) -> None:
+    def _step_up(self, scope: ScopeView, now: float) -> None:
         config = self.config
-        ledger = self._ledger
         old = self.step_delay
         # The delay that was enforced (policy, AutoThrottle, pacing, this backoff).
-        in_force = max(old, ledger.delay)
+        in_force = max(old, scope.delay)
         if self.level and old >= config.max_delay:
-            base = ledger.concurrency if self.concurrency is None else self.concurrency
+            base = scope.concurrency if self.concurrency is None else self.concurrency
             if base is None:
-                base = max(1, ledger.in_flight)
+                base = max(1, scope.in_flight)
             if self.concurrency is None:
                 self._cut_from = base  # where stepping back ends the cut
             self.concurrency = max(1, int(base * config.concurrency_factor))
@@ -353,7 +380,7 @@ class BackoffState:
         self._step_at = now
         logger.debug(
             "scope %s: backoff after %s, delay %.3f -> %.3f s, concurrency %s (level %d)",
-            ledger.name,
+            scope.name,
             self.last_signal,
             old,
             self.step_delay,
@@ -361,10 +388,9 @@ class BackoffState:
             self.level,
         )
 
-    def _step_back(self, now: float) -> None:
+    def _step_back(self, scope: ScopeView, now: float) -> None:
         """A quiet window passed: move toward the policy, bisecting toward the known edge."""
         config = self.config
-        ledger = self._ledger
         old = self.step_delay
         self._step_at = now
         if self.concurrency is not None:
@@ -376,7 +402,7 @@ class BackoffState:
             self.reason = f"backoff: quiet, concurrency raised to {self.concurrency}"
         else:
             self._good_delay = min(self._good_delay, old)
-            floor = ledger.policy.delay
+            floor = scope.policy.delay
             bad = self._bad_delay
             if bad > floor:
                 target = (old + bad) / 2.0
@@ -405,7 +431,7 @@ class BackoffState:
             self.reason = ""
         logger.debug(
             "scope %s: quiet for %g s, backoff delay %.3f -> %.3f s, concurrency %s (level %d)",
-            ledger.name,
+            scope.name,
             config.window,
             old,
             self.step_delay,
@@ -413,7 +439,7 @@ class BackoffState:
             self.level,
         )
 
-    def _apply_headers(self, info: RateLimitInfo, now: float) -> None:
+    def _apply_headers(self, scope: ScopeView, info: RateLimitInfo, now: float) -> None:
         max_delay = self.config.max_delay
         wait = info.wait()
         if wait is not None and wait > 0:
@@ -422,7 +448,7 @@ class BackoffState:
                 self.blocked_until = until
                 logger.debug(
                     "scope %s: server asks to wait %.3f s, blocked until %.3f",
-                    self._ledger.name,
+                    scope.name,
                     min(wait, max_delay),
                     until,
                 )

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
 if TYPE_CHECKING:
+    from ._policy import ScopePolicy
     from .headers import RateLimitInfo
 
-__all__ = ["Controller", "Feedback"]
+__all__ = ["BaseController", "Controller", "Feedback", "ScopeSnapshot", "ScopeView"]
 
 
 @attrs.frozen(kw_only=True)
@@ -43,15 +45,66 @@ class Feedback:
     scopes: frozenset[str] | None = None
 
 
+class ScopeView(Protocol):
+    """What a controller may read of its scope: a read-only view, passed on every call.
+
+    Controllers never keep it: the in-memory ledger passes itself, a shared
+    backend passes a :class:`ScopeSnapshot` of the state it read.
+    """
+
+    @property
+    def name(self) -> str:
+        """The scope's name."""
+        ...
+
+    @property
+    def policy(self) -> ScopePolicy:
+        """The scope's configured policy."""
+        ...
+
+    @property
+    def delay(self) -> float:
+        """The effective delay between sends in force now."""
+        ...
+
+    @property
+    def concurrency(self) -> int | None:
+        """The effective concurrency in force now (``None`` = unlimited)."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """Requests of the scope in flight now."""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class ScopeSnapshot:
+    """A :class:`ScopeView` made of plain values (what a shared backend read from its store)."""
+
+    name: str
+    policy: ScopePolicy
+    delay: float
+    concurrency: int | None
+    in_flight: int
+
+
 @runtime_checkable
 class Controller(Protocol):
     """A per-scope feedback loop that moves the limits the ledger enforces.
 
-    Controllers are synchronous and sans-IO: they are told the time, never
-    read it. The ledger combines them: the effective delay is the largest
-    ``delay`` any of them asks for (and at least the policy's), the effective
-    concurrency the smallest ``concurrency`` (``None`` = no opinion), and the
-    scope is closed until the latest ``blocked_until``.
+    Controllers are synchronous and pure: they are told the time and given a
+    read-only :class:`ScopeView` of their scope on every call, never read a
+    clock, and keep no reference to the scope. Their state is plain data
+    (:meth:`get_state`/:meth:`set_state`), so a shared backend can keep it in
+    its store and run the same code in every process.
+
+    The scope combines its controllers: the base delay and concurrency are
+    the policy's (or those of the controller with ``replaces_policy``); the
+    effective delay is the largest ``delay`` any of them asks for, the
+    effective concurrency the smallest ``concurrency`` (``None`` = no
+    opinion), and the scope is closed until the latest ``blocked_until``.
+    Subclass :class:`BaseController` to get the defaults.
     """
 
     @property
@@ -69,12 +122,121 @@ class Controller(Protocol):
         """No send before this time (``-inf`` = not blocked)."""
         ...
 
-    def on_send(self, now: float) -> bool | None:
-        """A request of this scope was sent at ``now``.
+    @property
+    def jitter(self) -> tuple[float, float] | None:
+        """A ``(low, high)`` jitter that replaces the policy's while not ``None``."""
+        ...
 
-        Return ``True`` if the controller's limits changed (the ledger then
-        recomputes the effective limits); ``None``/``False`` otherwise.
+    @property
+    def replaces_policy(self) -> bool:
+        """``True`` if ``delay``/``concurrency`` replace the policy's as the base (rampup)."""
+        ...
+
+    @property
+    def reason(self) -> str:
+        """Why the controller asks for its delay, in words (``""`` = no opinion)."""
+        ...
+
+    @property
+    def due(self) -> float:
+        """The earliest time at which :meth:`on_send` may change something.
+
+        ``-inf`` = call it on every send; ``inf`` = never.
+        """
+        ...
+
+    def on_send(self, scope: ScopeView, now: float) -> bool | None:
+        """A request of the scope was sent at ``now`` (called only once ``now >= due``).
+
+        Return ``True`` if the controller's limits changed (the scope then
+        recomputes its effective limits); ``None``/``False`` otherwise.
         """
 
-    def on_feedback(self, feedback: Feedback, now: float) -> None:
-        """A response or failure of this scope arrived at ``now``."""
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
+        """A response or failure of the scope arrived at ``now``."""
+
+    def get_state(self) -> dict[str, Any]:
+        """The controller's state as plain data (numbers, strings, None, lists, dicts)."""
+        ...
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore a state written by :meth:`get_state` (of a controller of the same config)."""
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _is_plain(value: object) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+class BaseController:
+    """A convenient base for custom controllers: no opinion until told otherwise.
+
+    Set ``delay``, ``concurrency`` or ``blocked_until`` on the instance to ask
+    for limits; override :meth:`on_send` and :meth:`on_feedback`. The state
+    written by :meth:`get_state` is every instance attribute holding plain
+    data (``None``, bool, int, float, str, and lists, tuples or dicts of
+    them); other attributes (a policy, a config object) count as
+    configuration and are not saved, so a shared backend rebuilds them by
+    calling the factory.
+
+    Usage::
+
+        class Cooldown(BaseController):
+            def __init__(self, policy):
+                self.delay = 0.0
+
+            def on_feedback(self, scope, feedback, now):
+                if feedback.status == 503:
+                    self.blocked_until = now + 30.0
+    """
+
+    delay: float = 0.0
+    concurrency: int | None = None
+    blocked_until: float = -math.inf
+    jitter: tuple[float, float] | None = None
+    replaces_policy: bool = False
+    reason: str = ""
+    due: float = -math.inf
+
+    def on_send(self, scope: ScopeView, now: float) -> bool | None:
+        """A request was sent; return ``True`` if the limits changed."""
+        return None
+
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
+        """A response or failure arrived."""
+
+    def get_state(self) -> dict[str, Any]:
+        """Every instance attribute that holds plain data."""
+        return {name: value for name, value in vars(self).items() if _is_plain(value)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Set the attributes written by :meth:`get_state`."""
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
+class SlotState:
+    """For built-in controllers with ``__slots__``: their state is the slots named in ``STATE``."""
+
+    __slots__ = ()
+
+    STATE: tuple[str, ...] = ()
+
+    def get_state(self) -> dict[str, Any]:
+        """The slots named in ``STATE``, as plain data."""
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore the slots named in ``STATE`` (tuples come back from JSON as lists)."""
+        for name in self.STATE:
+            if name in state:
+                value = state[name]
+                setattr(self, name, tuple(value) if isinstance(value, list) else value)

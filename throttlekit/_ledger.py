@@ -6,7 +6,8 @@ import heapq
 import math
 import random
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -17,36 +18,102 @@ _DEFAULT_BACKOFF = Backoff()
 
 if TYPE_CHECKING:
     from ._controller import Controller, Feedback
-    from ._scheduler import Ticket
 
-__all__ = ["QuotaEntry", "ScopeLedger", "build_controllers"]
+__all__ = [
+    "EffectiveLimits",
+    "QuotaEntry",
+    "ScopeLedger",
+    "build_controllers",
+    "combine",
+    "describe",
+    "with_feedback_controllers",
+]
 
 INF = math.inf
 _EPSILON = 1e-9
 
 
-def build_controllers(ledger: ScopeLedger, policy: ScopePolicy) -> tuple[Controller, ...]:
+def build_controllers(policy: ScopePolicy) -> tuple[Controller, ...]:
     """The controllers a policy asks for, in order: rampup, backoff, AutoThrottle, custom.
 
     Plain backoff (without rampup) is left out: it does nothing until the first
-    signal or rate-limit header, so :meth:`ScopeLedger.on_feedback` adds it
+    signal or rate-limit header, so :func:`with_feedback_controllers` adds it
     then. That keeps idle scopes small and the grant path short.
     """
     controllers: list[Controller] = []
     backoff = policy.backoff
     if policy.rampup is not None:
-        controllers.append(policy.rampup.controller(ledger, backoff or _DEFAULT_BACKOFF))
+        controllers.append(policy.rampup.controller(policy, backoff or _DEFAULT_BACKOFF))
         if backoff is not None:
-            controllers.append(attrs.evolve(backoff, headers_only=True).controller(ledger))
+            controllers.append(attrs.evolve(backoff, headers_only=True).controller(policy))
     if policy.autothrottle is not None:
-        controllers.append(policy.autothrottle.controller(ledger))
+        controllers.append(policy.autothrottle.controller(policy))
     controllers.extend(factory(policy) for factory in policy.controllers)
     return tuple(controllers)
 
 
-def _asks_to_wait(feedback: Feedback) -> bool:
+def with_feedback_controllers(
+    policy: ScopePolicy, controllers: tuple[Controller, ...], feedback: Feedback
+) -> tuple[Controller, ...]:
+    """``controllers``, with the policy's backoff added on the first feedback that needs it."""
+    backoff = policy.backoff
+    if backoff is None or policy.rampup is not None:
+        return controllers
     info = feedback.rate_limit
-    return info is not None and (info.wait() is not None or info.pace() is not None)
+    asks_to_wait = info is not None and (info.wait() is not None or info.pace() is not None)
+    if not (asks_to_wait or backoff.is_signal(feedback)):
+        return controllers
+    if any(isinstance(controller, BackoffState) for controller in controllers):
+        return controllers
+    return (backoff.controller(policy), *controllers)
+
+
+#: ``(delay, concurrency, blocked_until, jitter)`` in force for a scope.
+EffectiveLimits = tuple[float, "int | None", float, "tuple[float, float]"]
+
+
+def combine(policy: ScopePolicy, controllers: Sequence[Controller]) -> EffectiveLimits:
+    """The effective ``(delay, concurrency, blocked_until, jitter)`` of a scope.
+
+    A controller with ``replaces_policy`` (rampup) sets the base delay and
+    concurrency instead of the policy; then the effective delay is the
+    largest any controller asks for, the concurrency the smallest (at least
+    1), the scope is blocked until the latest ``blocked_until``, and the
+    last controller with a ``jitter`` replaces the policy's.
+    """
+    delay = policy.delay
+    concurrency = policy.concurrency
+    blocked = -INF
+    jitter = policy.jitter
+    for controller in controllers:
+        if controller.replaces_policy:
+            delay = controller.delay
+            concurrency = controller.concurrency
+    for controller in controllers:
+        override = controller.jitter
+        if override is not None:
+            jitter = override
+        if controller.delay > delay:
+            delay = controller.delay
+        limit = controller.concurrency
+        if limit is not None:
+            concurrency = limit if concurrency is None else min(concurrency, limit)
+        if controller.blocked_until > blocked:
+            blocked = controller.blocked_until
+    if concurrency is not None:
+        concurrency = max(1, concurrency)
+    return delay, concurrency, blocked, jitter
+
+
+def describe(policy: ScopePolicy, controllers: Sequence[Controller], delay: float) -> str:
+    """Why a scope's effective delay is ``delay``, in words (the last controller that sets it)."""
+    best = ""
+    for controller in controllers:
+        if controller.delay >= delay and controller.delay > 0:
+            best = controller.reason or type(controller).__name__
+    if best:
+        return best
+    return "policy" if delay else "policy (no delay)"
 
 
 class QuotaEntry:
@@ -108,7 +175,7 @@ class ScopeLedger:
         self.quota_log: deque[QuotaEntry] | None = None
         self.quota_used = 0.0
         # Waiters currently blocked on this scope: a heap of (-priority, seq, ticket).
-        self.queue: list[tuple[int, int, Ticket]] | None = None
+        self.queue: list[tuple[int, int, Any]] | None = None  # (-priority, seq, Ticket)
         self.timer_at = INF
         self.dirty = False
         self.idle = False
@@ -117,7 +184,7 @@ class ScopeLedger:
         # not listed there. A listed ledger that became busy, or idle again later,
         # is re-examined lazily by the eviction sweep.
         self.listed_at: float | None = None
-        self.controllers = build_controllers(self, policy)
+        self.controllers = build_controllers(policy)
         self.delay = policy.delay
         self.jitter = policy.jitter
         self.concurrency = policy.concurrency
@@ -133,54 +200,22 @@ class ScopeLedger:
         )
 
     def refresh(self) -> None:
-        """Recompute the effective limits from the policy and the controllers.
-
-        A controller with ``replaces_policy`` (rampup) sets the base delay and
-        concurrency instead of the policy; then the effective delay is the
-        largest any controller asks for, the concurrency the smallest, and
-        the scope is blocked until the latest ``blocked_until``.
-        """
-        policy = self.policy
-        delay = policy.delay
-        concurrency = policy.concurrency
-        blocked = -INF
-        jitter = policy.jitter
-        controllers = self.controllers
-        for controller in controllers:
-            if getattr(controller, "replaces_policy", False):
-                delay = controller.delay
-                concurrency = controller.concurrency
-        for controller in controllers:
-            override = getattr(controller, "jitter", None)
-            if override is not None:
-                jitter = override
-            if controller.delay > delay:
-                delay = controller.delay
-            limit = controller.concurrency
-            if limit is not None:
-                concurrency = limit if concurrency is None else min(concurrency, limit)
-            if controller.blocked_until > blocked:
-                blocked = controller.blocked_until
+        """Recompute the effective limits from the policy and controllers (:func:`combine`)."""
+        delay, self.concurrency, self.blocked_until, self.jitter = combine(
+            self.policy, self.controllers
+        )
         if delay != self.delay and self.next_send_at > -INF:
             # A new delay applies from the last send, with the jitter drawn then.
             self.next_send_at += (delay - self.delay) * self.factor
         self.delay = delay
-        self.jitter = jitter
-        self.concurrency = None if concurrency is None else max(1, concurrency)
-        self.blocked_until = blocked
 
     def on_feedback(self, feedback: Feedback, now: float) -> None:
         """Pass a response's feedback to the controllers (creating backoff on its first use)."""
-        backoff = self.policy.backoff
-        if (
-            backoff is not None
-            and self.policy.rampup is None
-            and (backoff.is_signal(feedback) or _asks_to_wait(feedback))
-        ) and not any(isinstance(c, BackoffState) for c in self.controllers):
-            self.controllers = (backoff.controller(self), *self.controllers)
-        if self.controllers:
-            for controller in self.controllers:
-                controller.on_feedback(feedback, now)
+        controllers = with_feedback_controllers(self.policy, self.controllers, feedback)
+        if controllers:
+            self.controllers = controllers
+            for controller in controllers:
+                controller.on_feedback(self, feedback, now)
             self.refresh()
 
     def set_policy(self, policy: ScopePolicy) -> None:
@@ -193,20 +228,14 @@ class ScopeLedger:
             policy.rampup,
             policy.controllers,
         ):
-            self.controllers = build_controllers(self, policy)
+            self.controllers = build_controllers(policy)
         self.refresh()
 
     def reason(self, now: float) -> str:
         """Why the scope's effective delay (or block) is what it is, in words."""
         if self.blocked_until > now:
             return f"blocked by the server for {self.blocked_until - now:.3g} s more"
-        best = ""
-        for controller in self.controllers:
-            if controller.delay >= self.delay and controller.delay > 0:
-                best = getattr(controller, "reason", "") or type(controller).__name__
-        if best:
-            return best
-        return "policy" if self.delay else "policy (no delay)"
+        return describe(self.policy, self.controllers, self.delay)
 
     # -- admission -----------------------------------------------------------------
 
@@ -281,7 +310,7 @@ class ScopeLedger:
             heapq.heappop(slots)
         changed = False
         for controller in self.controllers:
-            if controller.on_send(now):
+            if now >= controller.due and controller.on_send(self, now):
                 changed = True
         if changed:
             self.refresh()

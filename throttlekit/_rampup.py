@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._checks import check_number, non_negative, positive
+from ._controller import SlotState
 
 if TYPE_CHECKING:
     from ._backoff import Backoff
-    from ._controller import Feedback
-    from ._ledger import ScopeLedger
+    from ._controller import Feedback, ScopeView
+    from ._policy import ScopePolicy
 
 __all__ = ["Rampup", "RampupState"]
 
@@ -95,12 +96,12 @@ class Rampup:
     def _check_factor(self, attribute: attrs.Attribute[Any], value: object) -> None:
         check_number("concurrency_factor", value, minimum=1.0, strict=True)
 
-    def controller(self, ledger: ScopeLedger, backoff: Backoff) -> RampupState:
-        """Make the per-scope state for ``ledger``; ``backoff`` classifies signals."""
-        return RampupState(self, ledger, backoff)
+    def controller(self, policy: ScopePolicy, backoff: Backoff) -> RampupState:
+        """Make the per-scope state for a scope with ``policy``; ``backoff`` classifies signals."""
+        return RampupState(self, policy, backoff)
 
 
-class RampupState:
+class RampupState(SlotState):
     """The live rampup position of one scope."""
 
     __slots__ = (
@@ -108,7 +109,6 @@ class RampupState:
         "_bad",
         "_calm",
         "_good",
-        "_ledger",
         "_signals",
         "_window_start",
         "concurrency",
@@ -118,13 +118,24 @@ class RampupState:
         "rung",
     )
 
+    STATE = (
+        "_bad",
+        "_calm",
+        "_good",
+        "_signals",
+        "_window_start",
+        "concurrency",
+        "delay",
+        "reason",
+        "rung",
+    )
     #: The ledger uses this controller's delay and concurrency instead of the policy's.
     replaces_policy = True
     blocked_until = -math.inf
+    jitter = None
 
-    def __init__(self, config: Rampup, ledger: ScopeLedger, backoff: Backoff) -> None:
+    def __init__(self, config: Rampup, policy: ScopePolicy, backoff: Backoff) -> None:
         self.config = config
-        self._ledger = ledger
         self._backoff = backoff
         self.rung = 0
         self._good: int | None = None
@@ -132,18 +143,23 @@ class RampupState:
         self._calm = 0
         self._signals = 0
         self._window_start: float | None = None
-        self.delay, self.concurrency = self._speed(0)
+        self.delay, self.concurrency = self._speed(policy, 0)
         self.reason = "rampup: starting at the policy"
 
     def __repr__(self) -> str:
         return (
-            f"<RampupState {self._ledger.name!r} rung={self.rung} delay={self.delay:g} "
+            f"<RampupState rung={self.rung} delay={self.delay:g} "
             f"concurrency={self.concurrency} good={self._good} bad={self._bad}>"
         )
 
-    def _speed(self, rung: int) -> tuple[float, int | None]:
+    @property
+    def due(self) -> float:
+        """When a send ends the current window (and evaluates it)."""
+        start = self._window_start
+        return -math.inf if start is None else start + self.config.window
+
+    def _speed(self, policy: ScopePolicy, rung: int) -> tuple[float, int | None]:
         """Delay and concurrency of ``rung`` (0 = the policy; negative = slower)."""
-        policy = self._ledger.policy
         config = self.config
         base_delay = policy.delay
         base_concurrency = policy.concurrency
@@ -167,28 +183,29 @@ class RampupState:
             )
         return delay, concurrency
 
-    def on_send(self, now: float) -> bool:
-        return self._tick(now)
+    def on_send(self, scope: ScopeView, now: float) -> bool:
+        return self._tick(scope, now)
 
-    def on_feedback(self, feedback: Feedback, now: float) -> None:
-        self._tick(now)
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
+        self._tick(scope, now)
         if self._backoff.is_signal(feedback):
             self._signals += 1
             if self._signals > 3 * self.config.target[1] + 2:
                 # Far past the target already: slow down now rather than
                 # hammering the server for the rest of the window.
-                self._evaluate(now)
+                self._evaluate(scope, now)
 
-    def _tick(self, now: float) -> bool:
+    def _tick(self, scope: ScopeView, now: float) -> bool:
         if self._window_start is None:
             self._window_start = now
             return False
         if now - self._window_start < self.config.window:
             return False
-        self._evaluate(now)
+        self._evaluate(scope, now)
         return True
 
-    def _evaluate(self, now: float) -> None:
+    def _evaluate(self, scope: ScopeView, now: float) -> None:
+        policy = scope.policy
         low, high = self.config.target
         signals = self._signals
         rung = self.rung
@@ -214,17 +231,17 @@ class RampupState:
                         self._calm = 0
                 else:
                     target = max(rung + 1, (rung + self._bad) // 2)
-            if self._speed(target) == self._speed(rung) and target > rung:
+            if self._speed(policy, target) == self._speed(policy, rung) and target > rung:
                 target = rung  # top of the ladder
             self.rung = target
-        self.delay, self.concurrency = self._speed(self.rung)
+        self.delay, self.concurrency = self._speed(policy, self.rung)
         self._signals = 0
         self._window_start = now
         self.reason = f"rampup rung {self.rung}: {signals} signals in the last window"
         if (self.delay, self.concurrency) != old:
             logger.debug(
                 "scope %s: rampup %s signals/window, delay %.3f -> %.3f s, concurrency %s -> %s",
-                self._ledger.name,
+                scope.name,
                 signals,
                 old[0],
                 self.delay,
