@@ -369,6 +369,10 @@ class Limiter:
         self._timekeeper: Ticket | None = None
         self._armed = INF
         self._sleepers: deque[Ticket] = deque()
+        # What acquire() and acquire_nowait() return. Instrumentation
+        # (throttlekit.otel) swaps in a subclass that records metrics, so a
+        # limiter without it pays nothing for them.
+        self._permit_type: type[Permit] = Permit
 
     def __repr__(self) -> str:
         core = self._core
@@ -464,7 +468,8 @@ class Limiter:
             raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
         if request is None and scopes is None:
             raise TypeError("acquire() needs a request or scopes=")
-        return Permit(self, request, priority, timeout, scopes)
+        permit_type = self._permit_type  # a plain attribute load: cheaper than self._permit_type()
+        return permit_type(self, request, priority, timeout, scopes)
 
     def acquire_nowait(
         self,
@@ -491,7 +496,7 @@ class Limiter:
         ticket = self._core.make_ticket(costs, priority, now)
         if not self._core.try_grant(ticket, now):
             raise WouldBlock(f"no room now for {ticket.scopes}")
-        permit = Permit(self, request, priority, None, scopes)
+        permit = self._permit_type(self, request, priority, None, scopes)
         permit._ticket = ticket
         return permit
 
