@@ -180,7 +180,7 @@ async def _memory_per_scope(count: int, policy: ScopePolicy) -> dict[str, float]
         after = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    core = limiter._core
+    core = limiter._local.core
     ledger = next(iter(core.scopes.values()))
     if len(core.scopes) != count + 1:
         raise AssertionError(f"expected {count + 1} scopes, the limiter holds {len(core.scopes)}")

@@ -297,7 +297,7 @@ async def _work(args: argparse.Namespace) -> None:
         while True:
             with anyio.move_on_after(end - time.time()):
                 async with limiter.acquire(scopes="bench") as permit:
-                    send = permit._ticket.send_at_ms / 1000.0
+                    send = permit._lease.send_at_ms / 1000.0
                     await anyio.sleep(HOLD)
                     records.append((send, time.time()))
                 continue

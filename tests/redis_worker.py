@@ -65,7 +65,7 @@ async def _crawl(args: argparse.Namespace) -> None:
     async def task(session: aiohttp.ClientSession) -> None:
         while True:
             async with limiter.acquire(scopes="shared") as permit:
-                lease: Any = permit._ticket
+                lease: Any = permit._lease
                 headers = {"X-Worker": args.name, "X-Send-At": f"{lease.send_at_ms:.3f}"}
                 async with session.get(args.url, headers=headers) as response:
                     await response.read()
@@ -97,7 +97,7 @@ async def _hold(args: argparse.Namespace) -> None:
     sent = []
     for permit in permits:
         await permit.__aenter__()
-        sent.append(f"{permit._ticket.send_at_ms:.3f}")
+        sent.append(f"{permit._lease.send_at_ms:.3f}")
     print("held", *sent, flush=True)
     await anyio.sleep_forever()
 

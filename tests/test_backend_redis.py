@@ -269,7 +269,7 @@ async def test_concurrency_and_delay_within_one_process(
     async def one() -> None:
         nonlocal in_flight, most
         async with limiter.acquire(scopes="s") as permit:
-            sends.append(permit._ticket.send_at_ms)
+            sends.append(permit._lease.send_at_ms)
             in_flight += 1
             most = max(most, in_flight)
             await anyio.sleep(0.03)
@@ -361,7 +361,7 @@ async def test_slot_delay_is_shared(redis_server: RedisServer, prefix: str) -> N
     sends = []
     for _ in range(4):
         async with limiter.acquire(scopes="slots") as permit:
-            sends.append(permit._ticket.send_at_ms)
+            sends.append(permit._lease.send_at_ms)
     # Two slots: the third send reuses the first slot 0.2 s after its send.
     assert sends[1] - sends[0] < 50
     assert sends[2] - sends[0] >= 200 - 0.002
@@ -892,7 +892,7 @@ async def test_killed_worker_slots_come_back_after_lease_time(
     started = time.monotonic()
     async with limiter.acquire(scopes="shared", timeout=lease_time + 2.0) as permit:
         waited = time.monotonic() - started
-        send_at = permit._ticket.send_at_ms
+        send_at = permit._lease.send_at_ms
     assert send_at >= min(held) + lease_time * 1000 - 0.002  # not before the lease expired
     assert waited < lease_time + 0.5  # woken at the expiry, not by a 5 s recheck
     await backend.aclose()

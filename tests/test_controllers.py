@@ -469,7 +469,7 @@ async def test_rampup_settles_against_fixed_capacity() -> None:
     async def watch() -> None:
         while anyio.current_time() < 3000.0:
             await anyio.sleep(30.0)
-            state = limiter._core.scopes[SCOPE].controllers[0]
+            state = limiter._local.core.scopes[SCOPE].controllers[0]
             rungs.append(state.rung)
 
     log: list[Exchange] = []
@@ -634,7 +634,7 @@ async def test_rampup_slows_down_within_the_window_when_far_past_the_target() ->
     for _ in range(6):
         async with limiter.acquire(URL) as permit:
             permit.record(status=429)
-    state = limiter._core.scopes[SCOPE].controllers[0]
+    state = limiter._local.core.scopes[SCOPE].controllers[0]
     assert state.rung == -1  # stepped down after 6 signals, long before the window ended
     assert limiter.statistics().scopes[SCOPE].delay > 0.0
 

@@ -458,14 +458,14 @@ async def test_waiting_wakes_only_for_grants() -> None:
     """One timer for the whole limiter: the core is consulted about once per grant."""
     limiter = Limiter(default=ScopePolicy(concurrency=None, delay=1.0, slot_delay=0))
     calls = 0
-    dispatch = limiter._core.dispatch
+    dispatch = limiter._local.core.dispatch
 
     def counting(now: float) -> list[Ticket]:
         nonlocal calls
         calls += 1
         return dispatch(now)
 
-    limiter._core.dispatch = counting  # type: ignore[method-assign]
+    limiter._local.core.dispatch = counting  # type: ignore[method-assign]
     times: list[float] = []
 
     async def request() -> None:

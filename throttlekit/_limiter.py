@@ -7,21 +7,19 @@ import logging
 import math
 import random
 import time
-from asyncio import _get_running_loop
-from collections import deque
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import attrs
 
 from . import scopes as _scopes
+from ._clock import now as _now
 from ._controller import Feedback
-from ._errors import Overloaded, ThrottleTimeout, WouldBlock
+from ._errors import WouldBlock
 from ._policy import ScopePolicy
-from ._scheduler import CANCELLED, GRANTED, WAITING, Scheduler, Ticket
 from ._stats import LimiterStatistics, ScopeStatistics
+from .backends.memory import MemoryBackend
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -30,33 +28,11 @@ __all__ = ["Limiter", "Permit"]
 
 logger = logging.getLogger("throttlekit")
 
-
-def _now() -> float:
-    """The running backend's clock, as ``anyio.current_time()`` reads it, but cheaper.
-
-    On asyncio that is the running loop's ``time()``; anyio's own lookup goes
-    through sniffio on every call, which is most of the cost of an
-    uncontended acquire, so the asyncio case is taken directly.
-    """
-    loop = _get_running_loop()
-    if loop is not None:
-        return loop.time()
-    return anyio.current_time()
-
-
 INF = math.inf
 
 #: The longest wait read from rate-limit headers here (about 30 years): no cap
 #: in practice, so that each scope's ``Backoff.max_delay`` is the cap that applies.
 _HEADER_MAX_DELAY = 1e9
-
-
-def _now_or_monotonic() -> float:
-    """The backend's clock, or the monotonic clock outside an event loop (statistics)."""
-    try:
-        return _now()
-    except Exception:
-        return time.monotonic()
 
 
 def _only(scopes: Iterable[str], granted: Mapping[str, float]) -> frozenset[str]:
@@ -86,13 +62,11 @@ class Permit:
     """
 
     __slots__ = (
-        "_consumed",
-        "_feedback",
+        "_lease",
         "_limiter",
         "_priority",
         "_request",
         "_scopes",
-        "_ticket",
         "_timeout",
         "recorded",
     )
@@ -110,27 +84,25 @@ class Permit:
         self._priority = priority
         self._timeout = timeout
         self._scopes = scopes
-        self._ticket: Any = None  # a Ticket, or a backend's lease
-        self._feedback: Feedback | None = None
-        self._consumed: Mapping[str, float] | None = None
+        self._lease: Any = None  # the backend's lease
         self.recorded = False
 
     def __repr__(self) -> str:
-        return f"<Permit {self._ticket!r}>" if self._ticket else "<Permit (not acquired)>"
+        return f"<Permit {self._lease!r}>" if self._lease else "<Permit (not acquired)>"
 
     @property
     def scopes(self) -> dict[str, float]:
         """The granted scopes and the cost taken from each."""
-        if self._ticket is None:
+        if self._lease is None:
             raise RuntimeError("the permit has not been acquired yet")
-        return dict(self._ticket.scopes)
+        return dict(self._lease.scopes)
 
     @property
     def granted_at(self) -> float:
         """The limiter-clock time of the grant (the send time)."""
-        if self._ticket is None:
+        if self._lease is None:
             raise RuntimeError("the permit has not been acquired yet")
-        return float(self._ticket.granted_at)
+        return float(self._lease.granted_at)
 
     @property
     def request(self) -> Any:
@@ -138,28 +110,22 @@ class Permit:
         return self._request
 
     async def __aenter__(self) -> Permit:
-        if self._ticket is not None:
+        if self._lease is not None:
             raise RuntimeError("a permit can be entered only once")
         limiter = self._limiter
         # Fast path, no await: a URL string, the default resolver, one scope with room.
         request = self._request
-        if (
-            self._scopes is None
-            and type(request) is str
-            and limiter.resolver is _scopes.by_host
-            and limiter._backend is None
-        ):
-            loop = _get_running_loop()
-            ticket = limiter._core.grant_one(
-                _scopes.by_host(request),
-                1.0,
-                self._priority,
-                loop.time() if loop is not None else anyio.current_time(),
-            )
-            if ticket is not None:
-                self._ticket = ticket
+        if self._scopes is None and type(request) is str and limiter.resolver is _scopes.by_host:
+            lease = limiter._backend.try_acquire({_scopes.by_host(request): 1.0}, self._priority)
+            if lease is not None:
+                self._lease = lease
                 return self
-        self._ticket = await limiter._acquire(request, self._priority, self._timeout, self._scopes)
+        costs = limiter._resolve(request, self._scopes)
+        if type(costs) is not dict:
+            costs = _scopes.as_scope_costs(await costs)
+        self._lease = await limiter._backend.acquire(
+            costs, priority=self._priority, timeout=self._timeout
+        )
         return self
 
     async def __aexit__(
@@ -168,17 +134,12 @@ class Permit:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        limiter = self._limiter
-        ticket = self._ticket
-        if limiter._backend is not None and ticket is not None:
-            self._ticket = None
-            await limiter._backend.release(ticket, self._feedback, self._consumed)
-            return
-        if ticket is not None and ticket.state == GRANTED:
-            limiter._release(ticket)
+        lease = self._lease
+        if lease is not None:
+            await self._limiter._backend.release(lease)
 
     def __enter__(self) -> Permit:
-        if self._ticket is None:
+        if self._lease is None:
             raise RuntimeError(
                 "use 'async with limiter.acquire(...)'; 'with' is for acquire_nowait()"
             )
@@ -198,13 +159,9 @@ class Permit:
         With a shared backend the release is a network round trip: leave the
         ``async with`` block instead (this raises :class:`RuntimeError`).
         """
-        ticket = self._ticket
-        if ticket is None:
-            return
-        if self._limiter._backend is not None:
+        lease = self._lease
+        if lease is not None and not self._limiter._backend.release_nowait(lease):
             raise RuntimeError("with a shared backend, release by leaving 'async with'")
-        if ticket.state == GRANTED:
-            self._limiter._release(ticket)
 
     def record(
         self,
@@ -240,8 +197,8 @@ class Permit:
             applies regardless.
         :returns: the :class:`Feedback` that was recorded.
         """
-        ticket = self._ticket
-        if ticket is None:
+        lease = self._lease
+        if lease is None:
             raise RuntimeError("record() needs an acquired permit")
         if response is not None:
             if status is None:
@@ -259,20 +216,16 @@ class Permit:
             consumed = _scopes.as_scope_costs(consumed)
         limiter = self._limiter
         feedback = limiter._make_feedback(
-            ticket.granted_at,
+            lease.granted_at,
             status=status,
             headers=headers,
             exception=exception,
             latency=latency,
             size=size,
             adjust_delay=adjust_delay,
-            scopes=None if scopes is None else _only(scopes, ticket.scopes),
+            scopes=None if scopes is None else _only(scopes, lease.scopes),
         )
-        if limiter._backend is not None:
-            # A shared backend learns the feedback when the permit is released.
-            self._feedback, self._consumed = feedback, consumed
-        else:
-            limiter._record(ticket, feedback, consumed)
+        limiter._backend.record(lease, feedback, consumed)
         self.recorded = True
         return feedback
 
@@ -357,29 +310,25 @@ class Limiter:
         self._crawl_warned: set[str] = set()
         self.resolver = resolver
         self.max_waiters = max_waiters
-        self._backend = backend
-        self._core = Scheduler(
+        self._local = local = MemoryBackend(
             policies=scopes,
             default=default,
             concurrency=concurrency,
+            max_waiters=max_waiters,
             max_scopes=max_scopes,
             max_idle=float(max_idle),
             rng=random.Random(seed),
         )
-        self._timekeeper: Ticket | None = None
-        self._armed = INF
-        self._sleepers: deque[Ticket] = deque()
+        # The backend is chosen once: the in-memory one, or a shared one bound to it.
+        self._backend: Backend = local if backend is None else backend
+        self._backend.bind(local)
         # What acquire() and acquire_nowait() return. Instrumentation
         # (throttlekit.otel) swaps in a subclass that records metrics, so a
         # limiter without it pays nothing for them.
         self._permit_type: type[Permit] = Permit
 
     def __repr__(self) -> str:
-        core = self._core
-        return (
-            f"<Limiter in_flight={core.gate.in_flight}/{core.gate.limit} "
-            f"waiting={core.waiting} scopes={len(core.scopes)} next_wake={core.next_wake():g}>"
-        )
+        return f"<Limiter {self._backend!r}>"
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], **kwargs: Any) -> Limiter:
@@ -419,28 +368,27 @@ class Limiter:
     @property
     def backend(self) -> Backend | None:
         """The shared state backend, or ``None`` for in-memory ledgers."""
-        return self._backend
+        return None if self._backend is self._local else self._backend
 
     @property
     def default(self) -> ScopePolicy:
         """The policy of scopes not configured explicitly."""
-        return self._core.default
+        return self._local.default
 
     @property
     def policies(self) -> Mapping[str, ScopePolicy]:
         """The explicitly configured scope policies."""
-        return dict(self._core.policies)
+        return self._local.policies
 
     def policy(self, scope: str) -> ScopePolicy:
         """The policy that applies to ``scope``."""
-        return self._core.policy_for(scope)
+        return self._local.policy(scope)
 
     def set_policy(self, scope: str, policy: ScopePolicy) -> None:
         """Configure ``scope`` with ``policy`` from now on (live counters are kept)."""
         if not isinstance(policy, ScopePolicy):
             raise TypeError(f"policy must be a ScopePolicy, got {policy!r}")
-        self._core.set_policy(scope, policy)
-        self._kick_if_running()
+        self._local.set_policy(scope, policy)
 
     def acquire(
         self,
@@ -481,23 +429,22 @@ class Limiter:
         """Take a permit now or raise :class:`WouldBlock`; use as ``with``.
 
         The resolver must be synchronous here. Must be called from a running
-        event loop (it reads the backend's clock).
+        event loop (it reads the backend's clock). A shared backend cannot
+        grant without a round trip, so with one this always raises
+        :class:`WouldBlock`.
         """
         if request is None and scopes is None:
             raise TypeError("acquire_nowait() needs a request or scopes=")
-        if self._backend is not None:
-            raise RuntimeError("acquire_nowait() is not available with a shared backend")
         costs = self._resolve(request, scopes)
         if type(costs) is not dict:
             if inspect.iscoroutine(costs):
                 costs.close()
             raise RuntimeError("acquire_nowait() cannot use an async resolver; use acquire()")
-        now = _now()
-        ticket = self._core.make_ticket(costs, priority, now)
-        if not self._core.try_grant(ticket, now):
-            raise WouldBlock(f"no room now for {ticket.scopes}")
+        lease = self._backend.try_acquire(costs, priority)
+        if lease is None:
+            raise WouldBlock(f"no room now for {costs}")
         permit = self._permit_type(self, request, priority, None, scopes)
-        permit._ticket = ticket
+        permit._lease = lease
         return permit
 
     def set_crawl_delay(self, scope: str, seconds: float) -> None:
@@ -518,7 +465,7 @@ class Limiter:
             logger.warning("ignoring invalid Crawl-Delay %r for scope %s", seconds, scope)
             return
         delay = min(float(seconds), self.robotstxt_max_delay)
-        explicit = self._core.policies.get(scope)
+        explicit = self._local.core.policies.get(scope)
         if explicit is not None and scope not in self._crawl_delays:
             differs = explicit.concurrency != 1 or explicit.delay != delay
             if differs and not explicit.ignore_robots_txt and scope not in self._crawl_warned:
@@ -534,10 +481,9 @@ class Limiter:
                 )
             return
         self._crawl_delays[scope] = delay
-        policy = attrs.evolve(self._core.default, concurrency=1, delay=delay)
+        policy = attrs.evolve(self._local.default, concurrency=1, delay=delay)
         logger.debug("scope %s: Crawl-Delay %s s from robots.txt", scope, delay)
-        self._core.set_policy(scope, policy)
-        self._kick_if_running()
+        self._local.set_policy(scope, policy)
 
     @property
     def crawl_delays(self) -> Mapping[str, float]:
@@ -545,34 +491,15 @@ class Limiter:
         return dict(self._crawl_delays)
 
     def statistics(self) -> LimiterStatistics:
-        """A frozen snapshot of the limiter and every scope it currently tracks.
+        """A frozen snapshot of the limiter and every scope it tracks in this process.
 
         It costs O(scopes); to watch one scope use :meth:`scope_statistics`.
         """
-        now = _now_or_monotonic()
-        core = self._core
-        scopes = {}
-        for ledger in core.iter_scopes():
-            if ledger.policy.quota is not None:
-                ledger.expire(now)
-            scopes[ledger.name] = ScopeStatistics.from_ledger(ledger, now)
-        return LimiterStatistics(
-            in_flight=core.gate.in_flight,
-            waiting=core.waiting,
-            concurrency=core.gate.limit,
-            next_wake=core.next_wake(),
-            scopes=scopes,
-        )
+        return self._local.statistics()
 
     def scope_statistics(self, scope: str) -> ScopeStatistics | None:
         """A frozen snapshot of one scope, or ``None`` if the limiter does not track it."""
-        ledger = self._core.scopes.get(scope)
-        if ledger is None:
-            return None
-        now = _now_or_monotonic()
-        if ledger.policy.quota is not None:
-            ledger.expire(now)
-        return ScopeStatistics.from_ledger(ledger, now)
+        return self._local.scope_statistics(scope)
 
     # -- internals -----------------------------------------------------------------
 
@@ -590,103 +517,6 @@ class Limiter:
             return result
         return _scopes.as_scope_costs(result)
 
-    async def _acquire(
-        self,
-        request: Any,
-        priority: int,
-        timeout: float | None,  # noqa: ASYNC109 - the caller's acquire(timeout=)
-        scopes: _scopes.ScopesLike | None,
-    ) -> Any:
-        costs = self._resolve(request, scopes)
-        if type(costs) is not dict:
-            costs = _scopes.as_scope_costs(await costs)
-        if self._backend is not None:
-            return await self._backend.acquire(self, costs, priority=priority, timeout=timeout)
-        return await self._acquire_local(costs, priority, timeout)
-
-    async def _acquire_local(
-        self,
-        costs: Mapping[str, float],
-        priority: int,
-        timeout: float | None,  # noqa: ASYNC109 - the caller's acquire(timeout=)
-    ) -> Ticket:
-        """Wait for a grant from the in-memory ledgers; return the granted ticket.
-
-        Backends call it too: with no scopes (``costs={}``) it takes only the
-        global cap, and it is the local fallback of a shared backend.
-        """
-        core = self._core
-        now = _now()
-        ticket = core.make_ticket(costs, priority, now)
-        if core.try_grant(ticket, now):
-            return ticket  # the fast path: no await, no yield to the event loop
-        return await self._wait_for_grant(ticket, now, timeout)
-
-    async def _wait_for_grant(
-        self,
-        ticket: Ticket,
-        now: float,
-        timeout: float | None,  # noqa: ASYNC109 - the caller's acquire(timeout=)
-    ) -> Ticket:
-        """The slow path: queue ``ticket`` and sleep until it is granted."""
-        core = self._core
-        if self.max_waiters is not None and core.waiting >= self.max_waiters:
-            raise Overloaded(f"{core.waiting} requests are already waiting (max_waiters)")
-        if core.enqueue(ticket, now):
-            return ticket
-        ticket.waker = anyio.Event()
-        sleepers = self._sleepers
-        if len(sleepers) > 2 * core.waiting + 16:  # drop waiters granted or gone meanwhile
-            self._sleepers = sleepers = deque(t for t in sleepers if t.state == WAITING)
-        sleepers.append(ticket)
-        self._kick(now)
-        try:
-            if timeout is None:
-                await self._wait(ticket)
-            else:
-                with anyio.fail_after(timeout):
-                    await self._wait(ticket)
-        except BaseException as exc:
-            self._abandon(ticket)
-            if isinstance(exc, TimeoutError) and ticket.state == CANCELLED:
-                raise ThrottleTimeout(
-                    f"no grant within {timeout} s for scopes {sorted(ticket.scopes)}"
-                ) from None
-            raise
-        return ticket
-
-    async def _wait(self, ticket: Ticket) -> None:
-        while ticket.state == WAITING:
-            event = ticket.waker
-            if self._timekeeper is ticket:
-                deadline = self._core.next_wake()
-                self._armed = deadline
-                with anyio.CancelScope(deadline=deadline):
-                    await event.wait()
-                if ticket.state != WAITING:
-                    return
-                if event.is_set():
-                    ticket.waker = anyio.Event()
-                self._armed = -INF  # we re-read the next wake ourselves; no need to poke us
-                self._kick(_now())
-            else:
-                await event.wait()
-                if ticket.state == WAITING:
-                    ticket.waker = anyio.Event()
-
-    def _abandon(self, ticket: Ticket) -> None:
-        """The waiter of ``ticket`` is gone (cancelled or timed out): hand everything back."""
-        self._core.cancel(ticket, _now())
-        if self._timekeeper is ticket:
-            self._timekeeper = None
-        self._kick(_now())
-
-    def _release(self, ticket: Ticket) -> None:
-        now = _now()
-        self._core.release(ticket, now)
-        if self._core.pending:
-            self._kick(now)
-
     def _make_feedback(self, granted_at: float, **fields: Any) -> Feedback:
         fields["sent_at"] = granted_at
         if fields["latency"] is None:
@@ -698,51 +528,6 @@ class Limiter:
                 fields["headers"], now=time.time(), max_delay=_HEADER_MAX_DELAY
             )
         return Feedback(**fields)
-
-    def _record(
-        self, ticket: Ticket, feedback: Feedback, consumed: Mapping[str, float] | None
-    ) -> None:
-        now = _now()
-        self._core.feedback(ticket, feedback, now, consumed)
-        if self._core.pending:
-            self._kick(now)
-
-    def _kick_if_running(self) -> None:
-        try:
-            now = _now()
-        except Exception:
-            return
-        self._kick(now)
-
-    def _kick(self, now: float) -> None:
-        """Grant what can be granted now and make sure one waiter holds the timer."""
-        core = self._core
-        for granted in core.dispatch(now):
-            if granted is self._timekeeper:
-                self._timekeeper = None
-            granted.waker.set()
-        if not core.waiting:
-            self._timekeeper = None
-            self._sleepers.clear()
-            return
-        wake = core.next_wake()
-        keeper = self._timekeeper
-        if keeper is not None and keeper.state == WAITING:
-            if wake < self._armed:
-                self._armed = wake
-                keeper.waker.set()
-            return
-        self._timekeeper = None
-        if wake == INF:
-            return  # nothing time-based: a release will kick us
-        sleepers = self._sleepers
-        while sleepers:
-            candidate = sleepers.popleft()
-            if candidate.state == WAITING:
-                self._timekeeper = candidate
-                self._armed = -INF
-                candidate.waker.set()
-                return
 
 
 def _check_limit(name: str, value: object, *, optional: bool = True) -> None:

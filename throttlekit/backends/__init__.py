@@ -1,9 +1,14 @@
-"""Shared state backends: one throttling budget for many processes.
+"""State backends: where a limiter's scopes live and who decides their grants.
 
-A backend replaces the limiter's in-memory ledgers. The limiter resolves a
-request's scopes, then awaits :meth:`Backend.acquire`; the permit hands the
-lease back (with the feedback recorded on it) through :meth:`Backend.release`
-when its ``async with`` block ends.
+Every :class:`~throttlekit.Limiter` has an in-memory backend
+(:class:`~throttlekit.backends.memory.MemoryBackend`): its policies, global
+cap and scope ledgers. A shared backend (for example
+:class:`~throttlekit.backends.redis.RedisBackend`) replaces it as the one
+that grants, so several processes share one budget; it is bound to the
+limiter's in-memory backend once, and may use it (through its public
+methods) for the global cap and as a fallback. The limiter picks its backend
+once, at construction, and from then on only calls the :class:`Backend`
+methods.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .._controller import Feedback
-    from .._limiter import Limiter
+    from .memory import MemoryBackend
 
 __all__ = ["Backend", "Lease"]
 
@@ -33,12 +38,20 @@ class Lease(Protocol):
 
 
 class Backend(Protocol):
-    """The seam between :class:`~throttlekit.Limiter` and a shared state store."""
+    """The seam between :class:`~throttlekit.Limiter` and the state it throttles with."""
+
+    def bind(self, local: MemoryBackend) -> None:
+        """Called once by the limiter with its in-memory backend (policies, global cap)."""
+
+    def try_acquire(self, costs: Mapping[str, float], priority: int) -> Any:
+        """A :class:`Lease` if ``costs`` can be granted now without waiting or I/O, else ``None``.
+
+        A backend that cannot decide without a round trip returns ``None``.
+        """
 
     async def acquire(
         self,
-        limiter: Limiter,
-        costs: dict[str, float],
+        costs: Mapping[str, float],
         *,
         priority: int,
         timeout: float | None,
@@ -48,14 +61,16 @@ class Backend(Protocol):
         Must hand everything back if cancelled, and raise
         :class:`~throttlekit.ThrottleTimeout` when ``timeout`` elapses.
         """
+
+    def record(self, lease: Any, feedback: Feedback, consumed: Mapping[str, float] | None) -> None:
+        """Feedback for the lease's request (applied now, or kept until the release)."""
+
+    def release_nowait(self, lease: Any) -> bool:
+        """Give the lease back without awaiting; ``False`` (nothing done) if that needs I/O."""
         ...
 
-    async def release(
-        self, lease: Any, feedback: Feedback | None, consumed: Mapping[str, float] | None
-    ) -> None:
-        """Give the lease back, with the feedback recorded for it (if any)."""
-        ...
+    async def release(self, lease: Any) -> None:
+        """Give the lease back (idempotent; with the feedback recorded for it, if any)."""
 
     async def aclose(self) -> None:
         """Close connections."""
-        ...

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from .._limiter import Limiter
     from .._policy import ScopePolicy
     from .._scheduler import Ticket
+    from .memory import MemoryBackend
 
 __all__ = ["FailurePolicy", "RedisBackend", "RedisBackendStatistics"]
 
@@ -222,11 +223,13 @@ class _RedisLease:
 
     __slots__ = (
         "backend",
+        "consumed",
+        "feedback",
         "gate",
         "granted_at",
         "id",
         "keys",
-        "limiter",
+        "local",
         "released",
         "scopes",
         "send_at",
@@ -236,7 +239,7 @@ class _RedisLease:
     def __init__(
         self,
         backend: RedisBackend,
-        limiter: Limiter,
+        local: MemoryBackend,
         lease_id: str,
         scopes: dict[str, float],
         keys: list[str],
@@ -245,7 +248,7 @@ class _RedisLease:
         send_at: float,
     ) -> None:
         self.backend = backend
-        self.limiter = limiter
+        self.local = local
         self.id = lease_id
         self.scopes = scopes
         self.keys = keys
@@ -254,6 +257,8 @@ class _RedisLease:
         self.send_at = send_at
         self.granted_at = -INF
         self.released = False
+        self.feedback: Feedback | None = None
+        self.consumed: Mapping[str, float] | None = None
 
     def __repr__(self) -> str:
         state = "released" if self.released else "held"
@@ -263,10 +268,10 @@ class _RedisLease:
 class _LocalLease:
     """A grant from the limiter's in-memory ledgers while Redis is unreachable."""
 
-    __slots__ = ("limiter", "ticket")
+    __slots__ = ("local", "ticket")
 
-    def __init__(self, limiter: Limiter, ticket: Ticket) -> None:
-        self.limiter = limiter
+    def __init__(self, local: MemoryBackend, ticket: Ticket) -> None:
+        self.local = local
         self.ticket = ticket
 
     def __repr__(self) -> str:
@@ -430,6 +435,7 @@ class RedisBackend:
         self._down = False
         self._retry_at = -INF
         self._closed = False
+        self._local: MemoryBackend | None = None
         self._policy_cache: dict[int, tuple[ScopePolicy, tuple[float, ...]]] = {}
         self._warned: set[str] = set()
         self._acquire_calls = 0
@@ -523,10 +529,19 @@ class RedisBackend:
 
     # -- the Backend protocol ------------------------------------------------------
 
+    def bind(self, local: MemoryBackend) -> None:
+        """Serve the limiter whose in-memory backend is ``local`` (one limiter per backend)."""
+        if self._local is not None and self._local is not local:
+            raise RuntimeError("this RedisBackend already serves another Limiter; make one each")
+        self._local = local
+
+    def try_acquire(self, costs: Mapping[str, float], priority: int) -> None:
+        """Redis decides every grant with a round trip: never a grant without waiting."""
+        return None
+
     async def acquire(
         self,
-        limiter: Limiter,
-        costs: dict[str, float],
+        costs: Mapping[str, float],
         *,
         priority: int,
         timeout: float | None,  # noqa: ASYNC109 - the Backend protocol's timeout
@@ -541,29 +556,40 @@ class RedisBackend:
         :raises Overloaded: when the limiter's ``max_waiters`` already wait here.
         """
         _require_asyncio()
+        local = self._local
+        if local is None:
+            raise RuntimeError("give this RedisBackend to a Limiter(backend=...) first")
         if self._closed:
             raise RuntimeError("this RedisBackend is closed")
         if not costs:
             raise ValueError("a request needs at least one scope")
         for scope, cost in costs.items():
-            policy = limiter.policy(scope)
+            policy = local.policy(scope)
             if policy.quota is not None and cost > policy.quota:
                 raise ValueError(
                     f"cost {cost!r} for scope {scope!r} exceeds its quota {policy.quota!r}; "
                     "it could never be sent"
                 )
         deadline = INF if timeout is None else anyio.current_time() + timeout
-        return await self._acquire(limiter, costs, priority, deadline)
+        return await self._acquire(local, dict(costs), priority, deadline)
 
-    async def release(
-        self, lease: Any, feedback: Feedback | None, consumed: Mapping[str, float] | None
-    ) -> None:
+    def record(self, lease: Any, feedback: Feedback, consumed: Mapping[str, float] | None) -> None:
+        """Keep the feedback on the lease: Redis learns it with the release."""
+        if isinstance(lease, _LocalLease):
+            lease.local.record(lease.ticket, feedback, consumed)
+        else:
+            lease.feedback, lease.consumed = feedback, consumed
+
+    def release_nowait(self, lease: Any) -> bool:
+        """Only a local (fail-open) lease can be given back without a round trip."""
+        if isinstance(lease, _LocalLease):
+            return lease.local.release_nowait(lease.ticket)
+        return False
+
+    async def release(self, lease: Any) -> None:
         """Hand ``lease`` back with the feedback of its request (shielded from cancellation)."""
         if isinstance(lease, _LocalLease):
-            ticket = lease.ticket
-            if feedback is not None:
-                lease.limiter._record(ticket, feedback, consumed)
-            lease.limiter._release(ticket)
+            lease.local.release_nowait(lease.ticket)
             return
         if not isinstance(lease, _RedisLease):
             raise TypeError(f"not a lease of this backend: {lease!r}")
@@ -572,9 +598,9 @@ class RedisBackend:
         lease.released = True
         try:
             with anyio.CancelScope(shield=True):
-                await self._release(lease, feedback, consumed, used=True)
+                await self._release(lease, lease.feedback, lease.consumed, used=True)
         finally:
-            lease.limiter._release(lease.gate)
+            lease.local.release_nowait(lease.gate)
 
     async def aclose(self) -> None:
         """Drop the pub/sub connection and close the client if this backend made it."""
@@ -593,7 +619,7 @@ class RedisBackend:
         held the lease (``False``: it had already expired or was released).
         Grants made by the local fallback need no renewal (``True``).
         """
-        lease = getattr(permit, "_ticket", permit)
+        lease = getattr(permit, "_lease", permit)
         if isinstance(lease, _LocalLease):
             return True
         if not isinstance(lease, _RedisLease):
@@ -707,12 +733,12 @@ class RedisBackend:
         return args
 
     async def _acquire(
-        self, limiter: Limiter, costs: dict[str, float], priority: int, deadline: float
+        self, local: MemoryBackend, costs: dict[str, float], priority: int, deadline: float
     ) -> Any:
         """Attempt, then wait as Redis says, until a grant; ``deadline`` bounds the waits."""
         if self._down and self.failure == "fail_open" and anyio.current_time() < self._retry_at:
-            return await self._acquire_locally(limiter, costs, priority, deadline)
-        if limiter.max_waiters is not None and self._waiting >= limiter.max_waiters:
+            return await self._acquire_locally(local, costs, priority, deadline)
+        if local.max_waiters is not None and self._waiting >= local.max_waiters:
             raise Overloaded(f"{self._waiting} requests are already waiting (max_waiters)")
         waiter = _Waiter(priority, next(self._seq))
         self._waiting += 1
@@ -725,11 +751,11 @@ class RedisBackend:
                         continue
                     raise _timeout(costs)
                 try:
-                    result = await self._attempt(limiter, costs, waiter, deadline)
+                    result = await self._attempt(local, costs, waiter, deadline)
                 except _UNAVAILABLE as exc:
                     self._unavailable(exc, raising=self.failure == "fail_closed")
                     self._leave(waiter)
-                    return await self._acquire_locally(limiter, costs, priority, deadline)
+                    return await self._acquire_locally(local, costs, priority, deadline)
                 if isinstance(result, _RedisLease):
                     self._leave(waiter)  # the next in line may try at once
                     return await self._until_send(result)
@@ -763,22 +789,22 @@ class RedisBackend:
             self._leave(waiter)
 
     async def _acquire_locally(
-        self, limiter: Limiter, costs: dict[str, float], priority: int, deadline: float
+        self, local: MemoryBackend, costs: dict[str, float], priority: int, deadline: float
     ) -> _LocalLease:
-        ticket = await limiter._acquire_local(costs, priority, _remaining(deadline))
+        ticket = await local.acquire(costs, priority=priority, timeout=_remaining(deadline))
         self._local_grants += 1
-        return _LocalLease(limiter, ticket)
+        return _LocalLease(local, ticket)
 
     async def _attempt(
         self,
-        limiter: Limiter,
+        local: MemoryBackend,
         costs: dict[str, float],
         waiter: _Waiter,
         deadline: float,
     ) -> _RedisLease | tuple[str, float, bool]:
         """One acquire round trip: a lease, or (blocking scope, seconds to wait, full?)."""
         # The per-process global cap, held from the grant to the release.
-        gate = await limiter._acquire_local({}, waiter.priority, _remaining(deadline))
+        gate = await local.acquire({}, priority=waiter.priority, timeout=_remaining(deadline))
         lease_id = secrets.token_hex(8)
         keys: list[str] = []
         args: list[Any] = [
@@ -795,17 +821,17 @@ class RedisBackend:
             keys.extend(self.scope_keys(scope))
             args.append(cost)
             args.append(rng.random())
-            args.extend(self._policy(scope, limiter.policy(scope)))
+            args.extend(self._policy(scope, local.policy(scope)))
         keys.append(keys[0][:-1] + "X:" + lease_id)  # the tombstone of a given-up call
         self._acquire_calls += 1
         before = anyio.current_time()
         try:
             reply = await self._acquire_script(keys=keys, args=args)
         except BaseException:
-            limiter._release(gate)
+            local.release_nowait(gate)
             # The script may have run before the reply was lost: hand back the
             # lease it may hold (idempotent), shielded and bounded.
-            lease = _RedisLease(self, limiter, lease_id, dict(costs), keys, gate, 0.0, 0.0)
+            lease = _RedisLease(self, local, lease_id, dict(costs), keys, gate, 0.0, 0.0)
             with anyio.CancelScope(shield=True):
                 await self._release(lease, None, None, used=False, quiet=True)
             raise
@@ -813,7 +839,7 @@ class RedisBackend:
         self._back_up()
         wait = float(reply[1]) / 1000.0
         if int(reply[0]) != 1:
-            limiter._release(gate)
+            local.release_nowait(gate)
             self._sample_clock(float(reply[4]), after)
             waiter.turn = float(reply[5]) if len(reply) > 5 else 0.0
             return list(costs)[int(reply[2]) - 1], wait, int(reply[3]) == 1
@@ -823,7 +849,7 @@ class RedisBackend:
         # Send at the reserved time on Redis's clock, as well as this process
         # can tell: never before it, and never later than a full round trip.
         send_at = min(after + wait, max(before + wait, send_at_ms / 1000.0 - self._offset))
-        return _RedisLease(self, limiter, lease_id, dict(costs), keys, gate, send_at_ms, send_at)
+        return _RedisLease(self, local, lease_id, dict(costs), keys, gate, send_at_ms, send_at)
 
     def _sample_clock(self, redis_now_ms: float, after: float) -> None:
         """Keep a lower bound of (Redis clock - limiter clock), tightest over recent calls.
@@ -848,7 +874,7 @@ class RedisBackend:
                     with anyio.CancelScope(shield=True):
                         await self._release(lease, None, None, used=False)
                 finally:
-                    lease.limiter._release(lease.gate)
+                    lease.local.release_nowait(lease.gate)
                 raise
         lease.granted_at = anyio.current_time()
         return lease
@@ -862,12 +888,12 @@ class RedisBackend:
         used: bool,
         quiet: bool = False,
     ) -> None:
-        limiter = lease.limiter
+        local = lease.local
         args: list[Any] = [lease.id, lease.send_at_ms, 1 if used else 0]
         args.extend(_feedback_args(feedback if used else None))
         args.extend((self._channel, self.state_ttl * 1000.0, len(lease.scopes)))
         for scope in lease.scopes:
-            policy = limiter.policy(scope)
+            policy = local.policy(scope)
             backoff = policy.backoff
             actual = -1.0
             if consumed is not None and scope in consumed:

@@ -1,0 +1,266 @@
+"""The in-memory backend: the scope ledgers of one process, and its waiters.
+
+Every :class:`~throttlekit.Limiter` has one: it holds the policies, the
+global cap and each scope's ledger, grants from them, and keeps the waiters
+asleep until their grant. A shared backend (Redis) is given it as its
+local part (the global cap, and the fallback when the store is away).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Mapping
+
+import anyio
+
+from .._clock import now as _now
+from .._clock import now_or_monotonic
+from .._controller import Feedback
+from .._errors import Overloaded, ThrottleTimeout
+from .._policy import ScopePolicy
+from .._scheduler import CANCELLED, GRANTED, WAITING, Scheduler, Ticket
+from .._stats import LimiterStatistics, ScopeStatistics
+
+__all__ = ["MemoryBackend"]
+
+INF = math.inf
+
+
+class MemoryBackend:
+    """Grants from in-memory scope ledgers; waiters sleep on one event each.
+
+    Made by the :class:`~throttlekit.Limiter` from its own arguments (see
+    there). Waiting costs no CPU: every waiter sleeps on its own event and a
+    single timer (held by one of the waiters, the *timekeeper*) wakes the
+    backend when the next delay or quota window ends. Leases are
+    :class:`~throttlekit._scheduler.Ticket` objects.
+    """
+
+    def __init__(
+        self,
+        *,
+        policies: Mapping[str, ScopePolicy],
+        default: ScopePolicy,
+        concurrency: int | None,
+        max_waiters: int | None,
+        max_scopes: int,
+        max_idle: float,
+        rng: random.Random,
+    ) -> None:
+        self.max_waiters = max_waiters
+        self.core = Scheduler(
+            policies=policies,
+            default=default,
+            concurrency=concurrency,
+            max_scopes=max_scopes,
+            max_idle=max_idle,
+            rng=rng,
+        )
+        self._timekeeper: Ticket | None = None
+        self._armed = INF
+        self._sleepers: deque[Ticket] = deque()
+
+    def __repr__(self) -> str:
+        core = self.core
+        return (
+            f"<MemoryBackend in_flight={core.gate.in_flight}/{core.gate.limit} "
+            f"waiting={core.waiting} scopes={len(core.scopes)} next_wake={core.next_wake():g}>"
+        )
+
+    # -- policies ------------------------------------------------------------------
+
+    @property
+    def default(self) -> ScopePolicy:
+        """The policy of scopes not configured explicitly."""
+        return self.core.default
+
+    @property
+    def policies(self) -> Mapping[str, ScopePolicy]:
+        """The explicitly configured scope policies."""
+        return dict(self.core.policies)
+
+    def policy(self, scope: str) -> ScopePolicy:
+        """The policy that applies to ``scope``."""
+        return self.core.policy_for(scope)
+
+    def set_policy(self, scope: str, policy: ScopePolicy) -> None:
+        """Configure ``scope`` with ``policy`` from now on (live counters are kept)."""
+        self.core.set_policy(scope, policy)
+        try:
+            now = _now()
+        except Exception:
+            return  # outside an event loop: nobody waits
+        self._kick(now)
+
+    # -- the Backend protocol ------------------------------------------------------
+
+    def bind(self, local: MemoryBackend) -> None:
+        """The in-memory backend is its own local part."""
+
+    def try_acquire(self, costs: Mapping[str, float], priority: int) -> Ticket | None:
+        """Grant ``costs`` now if every scope and the global cap admit them, else ``None``."""
+        now = _now()
+        core = self.core
+        if len(costs) == 1:  # the uncontended fast path of one known scope
+            for scope, cost in costs.items():
+                ticket = core.grant_one(scope, cost, priority, now)
+                if ticket is not None:
+                    return ticket
+        ticket = core.make_ticket(costs, priority, now)
+        return ticket if core.try_grant(ticket, now) else None
+
+    async def acquire(
+        self,
+        costs: Mapping[str, float],
+        *,
+        priority: int,
+        timeout: float | None,  # noqa: ASYNC109 - the caller's acquire(timeout=)
+    ) -> Ticket:
+        """Wait for a grant of ``costs``; ``{}`` takes only the global cap.
+
+        :raises ThrottleTimeout: when ``timeout`` seconds pass first.
+        :raises Overloaded: when ``max_waiters`` requests are already waiting.
+        """
+        core = self.core
+        now = _now()
+        ticket = core.make_ticket(costs, priority, now)
+        if core.try_grant(ticket, now):
+            return ticket  # no await, no yield to the event loop
+        if self.max_waiters is not None and core.waiting >= self.max_waiters:
+            raise Overloaded(f"{core.waiting} requests are already waiting (max_waiters)")
+        if core.enqueue(ticket, now):
+            return ticket
+        ticket.waker = anyio.Event()
+        sleepers = self._sleepers
+        if len(sleepers) > 2 * core.waiting + 16:  # drop waiters granted or gone meanwhile
+            self._sleepers = sleepers = deque(t for t in sleepers if t.state == WAITING)
+        sleepers.append(ticket)
+        self._kick(now)
+        try:
+            if timeout is None:
+                await self._wait(ticket)
+            else:
+                with anyio.fail_after(timeout):
+                    await self._wait(ticket)
+        except BaseException as exc:
+            self._abandon(ticket)
+            if isinstance(exc, TimeoutError) and ticket.state == CANCELLED:
+                raise ThrottleTimeout(
+                    f"no grant within {timeout} s for scopes {sorted(ticket.scopes)}"
+                ) from None
+            raise
+        return ticket
+
+    def record(
+        self, lease: Ticket, feedback: Feedback, consumed: Mapping[str, float] | None
+    ) -> None:
+        """Give the feedback to the lease's scopes now (and reconcile ``consumed`` costs)."""
+        now = _now()
+        self.core.feedback(lease, feedback, now, consumed)
+        if self.core.pending:
+            self._kick(now)
+
+    def release_nowait(self, lease: Ticket) -> bool:
+        """Give the lease back (idempotent); always done at once here."""
+        if lease.state == GRANTED:
+            now = _now()
+            self.core.release(lease, now)
+            if self.core.pending:
+                self._kick(now)
+        return True
+
+    async def release(self, lease: Ticket) -> None:
+        """Give the lease back (idempotent)."""
+        self.release_nowait(lease)
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+    # -- statistics ----------------------------------------------------------------
+
+    def statistics(self) -> LimiterStatistics:
+        """A frozen snapshot of the global cap and every scope (O(scopes))."""
+        now = now_or_monotonic()
+        core = self.core
+        scopes = {}
+        for ledger in core.iter_scopes():
+            if ledger.policy.quota is not None:
+                ledger.expire(now)
+            scopes[ledger.name] = ScopeStatistics.from_ledger(ledger, now)
+        return LimiterStatistics(
+            in_flight=core.gate.in_flight,
+            waiting=core.waiting,
+            concurrency=core.gate.limit,
+            next_wake=core.next_wake(),
+            scopes=scopes,
+        )
+
+    def scope_statistics(self, scope: str) -> ScopeStatistics | None:
+        """A frozen snapshot of one scope, or ``None`` if it is not tracked."""
+        ledger = self.core.scopes.get(scope)
+        if ledger is None:
+            return None
+        now = now_or_monotonic()
+        if ledger.policy.quota is not None:
+            ledger.expire(now)
+        return ScopeStatistics.from_ledger(ledger, now)
+
+    # -- waiting -------------------------------------------------------------------
+
+    async def _wait(self, ticket: Ticket) -> None:
+        while ticket.state == WAITING:
+            event = ticket.waker
+            if self._timekeeper is ticket:
+                deadline = self.core.next_wake()
+                self._armed = deadline
+                with anyio.CancelScope(deadline=deadline):
+                    await event.wait()
+                if ticket.state != WAITING:
+                    return
+                if event.is_set():
+                    ticket.waker = anyio.Event()
+                self._armed = -INF  # we re-read the next wake ourselves; no need to poke us
+                self._kick(_now())
+            else:
+                await event.wait()
+                if ticket.state == WAITING:
+                    ticket.waker = anyio.Event()
+
+    def _abandon(self, ticket: Ticket) -> None:
+        """The waiter of ``ticket`` is gone (cancelled or timed out): hand everything back."""
+        self.core.cancel(ticket, _now())
+        if self._timekeeper is ticket:
+            self._timekeeper = None
+        self._kick(_now())
+
+    def _kick(self, now: float) -> None:
+        """Grant what can be granted now and make sure one waiter holds the timer."""
+        core = self.core
+        for granted in core.dispatch(now):
+            if granted is self._timekeeper:
+                self._timekeeper = None
+            granted.waker.set()
+        if not core.waiting:
+            self._timekeeper = None
+            self._sleepers.clear()
+            return
+        wake = core.next_wake()
+        keeper = self._timekeeper
+        if keeper is not None and keeper.state == WAITING:
+            if wake < self._armed:
+                self._armed = wake
+                keeper.waker.set()
+            return
+        self._timekeeper = None
+        if wake == INF:
+            return  # nothing time-based: a release will kick us
+        sleepers = self._sleepers
+        while sleepers:
+            candidate = sleepers.popleft()
+            if candidate.state == WAITING:
+                self._timekeeper = candidate
+                self._armed = -INF
+                candidate.waker.set()
+                return
