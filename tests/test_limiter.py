@@ -12,6 +12,7 @@ import asyncio
 import gc
 import math
 import random
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -513,10 +514,8 @@ class ExtensionsRequest:
             {"k": 1.0},
         ),
         (httpx.Request("GET", "https://h.example:8443/x"), {"h.example:8443": 1.0}),
-        ("not a url", {FALLBACK_SCOPE: 1.0}),
-        ("http://[::1", {FALLBACK_SCOPE: 1.0}),
         ("file:///etc/hosts", {FALLBACK_SCOPE: 1.0}),
-        ("https://host.example:99999/", {FALLBACK_SCOPE: 1.0}),
+        ("https://münchen.example/", {"xn--mnchen-3ya.example": 1.0}),
     ],
 )
 async def test_request_likes_resolve_to_scopes(
@@ -526,6 +525,17 @@ async def test_request_likes_resolve_to_scopes(
     async with limiter.acquire(request_like) as permit:
         assert permit.scopes == expected
         assert permit.request is request_like
+    assert_idle(limiter)
+
+
+@pytest.mark.parametrize("url", ["example.com/path", "not a url", "", "https://a.example:99999/"])
+async def test_acquire_rejects_what_is_not_a_url_with_a_host(url: str) -> None:
+    limiter = Limiter(default=FREE)
+    with pytest.raises(ValueError, match=re.escape(repr(url))):
+        async with limiter.acquire(url):
+            pass
+    with pytest.raises(ValueError, match=re.escape(repr(url))):
+        limiter.acquire_nowait(url)
     assert_idle(limiter)
 
 
@@ -685,6 +695,35 @@ async def test_permit_misuse() -> None:
 # -- feedback and statistics -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"status": "200"}, TypeError, r"status must be an int HTTP status code, got '200'"),
+        ({"status": 200.0}, TypeError, "status must be an int"),
+        ({"status": True}, TypeError, "status must be an int"),
+        ({"status": 42}, ValueError, r"status must be an HTTP status code \(100-999\), got 42"),
+        ({"exception": TimeoutError}, TypeError, "exception must be an exception instance"),
+        ({"exception": "timeout"}, TypeError, "exception must be an exception instance"),
+        ({"latency": "0.5"}, TypeError, "latency must be a number"),
+        ({"latency": -1.0}, ValueError, "latency must be a finite number of seconds >= 0"),
+        ({"latency": math.nan}, ValueError, "latency must be a finite number"),
+        ({"latency": math.inf}, ValueError, "latency must be a finite number"),
+        ({"size": 1.5}, TypeError, "size must be an int"),
+        ({"size": -1}, ValueError, "size must be >= 0"),
+    ],
+)
+async def test_record_rejects_bad_feedback(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    limiter = Limiter(default=FREE)
+    async with limiter.acquire("https://a.example/") as permit:
+        with pytest.raises(error, match=match):
+            permit.record(**kwargs)
+        assert not permit.recorded
+        permit.record(status=200, latency=0.5, size=10, exception=TimeoutError())
+    assert_idle(limiter)
+
+
 @virtual
 async def test_record_latency_and_consumed_quota() -> None:
     limiter = Limiter(
@@ -704,6 +743,22 @@ async def test_record_latency_and_consumed_quota() -> None:
     assert scope.quota_left == 9.0
     await anyio.sleep(60)
     assert limiter.statistics().scopes["api"].quota_used == 0.0
+
+
+@virtual
+async def test_an_explicit_policy_means_what_it_says() -> None:
+    """``concurrency=8, delay=0``: 40 tasks of 10 ms take 50 ms (no hidden slot delay)."""
+    limiter = Limiter(default=ScopePolicy(concurrency=8, delay=0))
+
+    async def task() -> None:
+        async with limiter.acquire("https://a.example/"):
+            await anyio.sleep(0.01)
+
+    start = anyio.current_time()
+    async with anyio.create_task_group() as tg:
+        for _ in range(40):
+            tg.start_soon(task)
+    assert anyio.current_time() - start == pytest.approx(0.05)
 
 
 @virtual

@@ -17,7 +17,7 @@ def test_defaults() -> None:
     policy = ScopePolicy()
     assert policy.concurrency == 1
     assert policy.delay == 1.0
-    assert policy.slot_delay == 1.0
+    assert policy.slot_delay == 0.0, "a policy limits only what it names"
     assert policy.jitter == (0.0, 0.0)
     assert policy.quota is None
     assert policy.window == 60.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import socket
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,9 +47,14 @@ class Request:
         ("https://Books.ToScrape.COM/x", "books.toscrape.com"),
         ("HTTPS://EXAMPLE.COM", "example.com"),
         ("https://example.com./x", "example.com"),
-        ("https://bücher.example/", "bücher.example"),
-        ("https://BÜCHER.example/", "bücher.example"),
-        ("https://bÜcher.example/", "bücher.example"),
+        # Internationalized names: the IDNA (ASCII) form, whatever the spelling.
+        ("https://bücher.example/", "xn--bcher-kva.example"),
+        ("https://BÜCHER.example/", "xn--bcher-kva.example"),
+        ("https://bÜcher.example/", "xn--bcher-kva.example"),
+        ("https://xn--bcher-kva.example/", "xn--bcher-kva.example"),
+        ("https://XN--BCHER-KVA.example/", "xn--bcher-kva.example"),
+        ("https://bücher.example:8443/", "xn--bcher-kva.example:8443"),
+        ("https://\uff45\uff58\uff41\uff4d\uff50\uff4c\uff45.com/", "example.com"),  # full-width
         # Default ports are dropped, others kept.
         ("http://example.com:80/", "example.com"),
         ("https://example.com:443/", "example.com"),
@@ -71,23 +77,66 @@ class Request:
         ("https://example.com?page=2", "example.com"),
         ("https://example.com#top", "example.com"),
         ("  https://example.com/padded  ", "example.com"),
-        # No host: the documented fallback scope, never an exception.
+        # Valid URLs of schemes without hosts: the documented fallback scope.
         ("mailto:someone@example.com", FALLBACK_SCOPE),
         ("file:///etc/hosts", FALLBACK_SCOPE),
-        ("/relative/path", FALLBACK_SCOPE),
-        ("", FALLBACK_SCOPE),
-        ("http://", FALLBACK_SCOPE),
-        ("http:///path", FALLBACK_SCOPE),
-        ("not a url at all", FALLBACK_SCOPE),
-        ("http://[::1", FALLBACK_SCOPE),
-        ("http://example.com:99999/", FALLBACK_SCOPE),
-        ("http://example.com:port/", FALLBACK_SCOPE),
+        ("data:,hello", FALLBACK_SCOPE),
+        ("about:blank", FALLBACK_SCOPE),
     ],
 )
 def test_by_host(url: str, expected: str) -> None:
     assert by_host(url) == expected
     assert by_host(url) == expected  # and again, from the cache
     assert by_host(Request(url)) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("example.com/path", "no scheme"),
+        ("example.com", "no scheme"),
+        ("localhost:8080/x", "no scheme"),
+        ("example.com:8080", "no scheme"),
+        ("/relative/path", "no scheme"),
+        ("not a url", "no scheme"),
+        ("", "no scheme"),
+        ("   ", "no scheme"),
+        ("http://", "no host"),
+        ("https://", "no host"),
+        ("http:///path", "no host"),
+        ("https://:8443/", "no host"),
+        ("http://[::1", "not a valid URL"),
+        ("http://example.com:99999/", "not a valid URL"),
+        ("http://example.com:port/", "not a valid URL"),
+    ],
+)
+def test_by_host_rejects_what_is_not_a_url_with_a_host(url: str, reason: str) -> None:
+    """Misuse is an error naming the value, not a silent shared ``(no host)`` scope."""
+    for attempt in range(2):  # the second time from any cache
+        with pytest.raises(ValueError, match=re.escape(repr(url))) as error:
+            by_host(url if attempt == 0 else Request(url))
+        assert reason in str(error.value)
+    for resolver in (by_registrable_domain, by_domain_hierarchy, by_endpoint):
+        with pytest.raises(ValueError, match=re.escape(repr(url))):
+            resolver(url)
+
+
+def test_unicode_and_punycode_spellings_are_one_scope() -> None:
+    spellings = [
+        "https://münchen.example/a",
+        "https://MÜNCHEN.example/b",
+        "https://xn--mnchen-3ya.example/c",
+        httpx.Request("GET", "https://münchen.example/d"),  # httpx sends the ASCII form
+    ]
+    assert {by_host(url) for url in spellings} == {"xn--mnchen-3ya.example"}
+    assert {by_registrable_domain(url) for url in spellings} == {"xn--mnchen-3ya.example"}
+    assert by_domain_hierarchy("https://shop.münchen.de/") == {
+        "xn--mnchen-3ya.de",
+        "shop.xn--mnchen-3ya.de",
+    }
+    assert by_registrable_domain("https://shop.xn--mnchen-3ya.de/") == "xn--mnchen-3ya.de"
+    assert by_registrable_domain("https://shop.пример.рф/") == "xn--e1afmkfd.xn--p1ai"
+    assert by_endpoint("https://münchen.example/v1?x") == "xn--mnchen-3ya.example/v1"
 
 
 def test_by_host_reads_request_likes() -> None:

@@ -53,6 +53,27 @@ def _status_of(response: Any) -> int | None:
     return None
 
 
+def _check_feedback(status: object, exception: object, latency: object, size: object) -> None:
+    """``record()``'s arguments, checked: misuse is a TypeError/ValueError, never ignored."""
+    if status is not None:
+        if isinstance(status, bool) or not isinstance(status, int):
+            raise TypeError(f"status must be an int HTTP status code, got {status!r}")
+        if not 100 <= status <= 999:
+            raise ValueError(f"status must be an HTTP status code (100-999), got {status!r}")
+    if exception is not None and not isinstance(exception, BaseException):
+        raise TypeError(f"exception must be an exception instance, got {exception!r}")
+    if latency is not None:
+        if isinstance(latency, bool) or not isinstance(latency, (int, float)):
+            raise TypeError(f"latency must be a number of seconds, got {latency!r}")
+        if not (math.isfinite(latency) and latency >= 0):
+            raise ValueError(f"latency must be a finite number of seconds >= 0, got {latency!r}")
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"size must be an int number of bytes, got {size!r}")
+        if size < 0:
+            raise ValueError(f"size must be >= 0 bytes, got {size!r}")
+
+
 class Permit:
     """A request's right to be sent, from :meth:`Limiter.acquire`.
 
@@ -205,6 +226,7 @@ class Permit:
                 status = _status_of(response)
             if headers is None:
                 headers = getattr(response, "headers", None)
+        _check_feedback(status, exception, latency, size)
         if adjust_delay is None:
             meta = getattr(self._request, "meta", None) or getattr(
                 self._request, "extensions", None

@@ -36,7 +36,9 @@ class ScopePolicy:
     :param slot_delay: minimum seconds between two sends in the same
         concurrency slot, measured send to send. Each of the ``concurrency``
         slots sends a request, waits for its response, then may send again
-        once ``slot_delay`` has passed since its previous send. ``0`` disables it.
+        once ``slot_delay`` has passed since its previous send. ``0`` (the
+        default) disables it: a policy limits only what it names. (The
+        Scrapy settings path keeps ``DOWNLOAD_DELAY_PER_SLOT``'s default, 1.0.)
     :param jitter: randomizes each delay between sends: ``0.5`` multiplies it by
         a factor in ``[0.5, 1.5]``, a pair ``(-0.1, 0.3)`` by one in ``[0.9, 1.3]``.
         Stored normalized as a ``(low, high)`` pair. ``0`` means no jitter.
@@ -56,13 +58,13 @@ class ScopePolicy:
 
     Usage::
 
-        api = ScopePolicy(concurrency=4, delay=0.25, slot_delay=0, quota=500, window=60)
+        api = ScopePolicy(concurrency=4, delay=0.25, quota=500, window=60)
         slower = attrs.evolve(api, delay=1.0)
     """
 
     concurrency: int | None = attrs.field(default=1, validator=concurrency_limit)
     delay: float = attrs.field(default=1.0, validator=non_negative)
-    slot_delay: float = attrs.field(default=1.0, validator=non_negative)
+    slot_delay: float = attrs.field(default=0.0, validator=non_negative)
     jitter: tuple[float, float] = attrs.field(default=(0.0, 0.0), converter=normalize_jitter)
     quota: float | None = attrs.field(default=None, validator=optional_positive)
     window: float = attrs.field(default=60.0, validator=positive)

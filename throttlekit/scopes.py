@@ -18,11 +18,18 @@ Built-in resolvers:
   together while each subdomain keeps its own limits too.
 * :func:`by_endpoint`: host plus path (no query string).
 
+Hosts are normalized: lower-cased, without a trailing dot, and
+internationalized names in their ASCII (IDNA, ``xn--``) form, the one sent
+on the wire, so ``https://münchen.de/`` and ``https://xn--mnchen-3ya.de/``
+are one scope.
+
 A request that carries ``throttling_scopes`` (in Scrapy's ``request.meta``,
 in httpx's ``request.extensions``, or as ``acquire(scopes=...)``) uses those
-scopes *instead of* the resolver's. A URL without a host (``file:///x``,
-``mailto:``, garbage) gets the scope :data:`FALLBACK_SCOPE` rather than an
-exception.
+scopes *instead of* the resolver's. A valid URL whose scheme has no host
+(``file:///x``, ``mailto:a@example.com``, ``data:,x``) gets the scope
+:data:`FALLBACK_SCOPE`. Anything else that is not an absolute URL with a host
+(``"example.com/path"``, which lacks its scheme, ``"not a url"``, ``""``,
+``"https://"``, a port above 65535) raises :class:`ValueError` naming it.
 """
 
 from __future__ import annotations
@@ -142,20 +149,45 @@ def request_scopes(request: Any) -> ScopesLike | None:
     return None
 
 
+# "host:port/..." parsed as scheme "host" and path "port/...": a forgotten scheme.
+_PORT_AFTER_COLON = re.compile(r"[0-9]+(?:[/?#]|$)")
+
+
+def _ascii_host(host: str) -> str:
+    """An internationalized host name in its ASCII (IDNA) form; others unchanged."""
+    if host.isascii():
+        return host
+    import idna  # a dependency of anyio
+
+    try:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except idna.IDNAError:
+        pass
+    try:
+        return host.encode("idna").decode("ascii")  # IDNA 2003, more lenient
+    except UnicodeError:
+        return host  # no ASCII spelling exists: the host names itself
+
+
 @functools.lru_cache(maxsize=4096)
 def _host_of(url: str) -> str:
+    text = url.strip()
     try:
-        parts = urlsplit(url.strip())
+        parts = urlsplit(text)
         host = parts.hostname
         port = parts.port
-    except ValueError:
-        return FALLBACK_SCOPE
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a valid URL: {exc}") from None
+    scheme = parts.scheme.lower()
+    if not scheme or (not parts.netloc and _PORT_AFTER_COLON.match(parts.path)):
+        raise ValueError(f"{url!r} is not an absolute URL: it has no scheme (such as 'https://')")
+    host = (host or "").rstrip(".")
     if not host:
-        return FALLBACK_SCOPE
-    host = host.rstrip(".")
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    if port is not None and port != _DEFAULT_PORTS.get(parts.scheme.lower()):
+        if scheme in _DEFAULT_PORTS:
+            raise ValueError(f"{url!r} has no host")
+        return FALLBACK_SCOPE  # a URL scheme without hosts: file:, mailto:, data:
+    host = f"[{host}]" if ":" in host else _ascii_host(host)  # an IPv6 literal in brackets
+    if port is not None and port != _DEFAULT_PORTS.get(scheme):
         return f"{host}:{port}"
     return host
 
@@ -201,7 +233,12 @@ def by_host(request: Any) -> str:
     """The request's host, lower-cased; the port is kept when it is not the default.
 
     ``https://Books.toscrape.com/x`` → ``books.toscrape.com``;
-    ``http://127.0.0.1:8080/`` → ``127.0.0.1:8080``; no host → :data:`FALLBACK_SCOPE`.
+    ``http://127.0.0.1:8080/`` → ``127.0.0.1:8080``; ``https://münchen.de/`` →
+    ``xn--mnchen-3ya.de`` (the IDNA form); a valid URL of a scheme without
+    hosts (``file:``, ``mailto:``, ``data:``) → :data:`FALLBACK_SCOPE`.
+
+    :raises ValueError: if the request's URL is not an absolute URL with a
+        host (no scheme, an ``http(s)`` URL without a host, a bad port), naming it.
     """
     url = request if type(request) is str else request_url(request)
     if url.startswith(("https://", "http://")):
