@@ -29,13 +29,28 @@ def http_date(offset: float) -> str:
     return formatdate(NOW + offset, usegmt=True)
 
 
+#: The attributes every parse case compares (``interval`` and ``budgets`` only when given).
+COMPARED = [
+    name for name in attrs.fields_dict(RateLimitInfo) if name not in ("interval", "budgets")
+]
+
+
 def expect(**fields: object) -> dict[str, object]:
-    """Every attribute of a :class:`RateLimitInfo`: ``None`` unless given."""
-    return {**attrs.asdict(EMPTY), **fields}
+    """The compared attributes of a :class:`RateLimitInfo`: ``None`` unless given."""
+    return {**dict.fromkeys(COMPARED), **fields}
+
+
+def fields_of(info: RateLimitInfo, expected: dict[str, object]) -> dict[str, object]:
+    """The attributes of ``info`` that ``expected`` describes; budgets by name."""
+    actual = attrs.asdict(info, recurse=False)
+    actual["budgets"] = tuple(budget.budget for budget in info.budgets)
+    return {name: actual[name] for name in expected}
 
 
 def ietf(**fields: object) -> dict[str, object]:
-    return expect(source="ietf", **fields)
+    """A draft-10 result: each ``RateLimit`` item is a budget named by its policy."""
+    budget = fields["policy"] if "remaining" in fields else None
+    return expect(source="ietf", budget=budget, **fields)
 
 
 def legacy(**fields: object) -> dict[str, object]:
@@ -196,8 +211,8 @@ PARSE_CASES = [
     ),
     pytest.param(
         {"RateLimit-Reset": "1700000100"},
-        legacy(reset=MAX_DELAY),
-        id="legacy-reset-is-always-delta",
+        legacy(reset=100.0),
+        id="legacy-reset-unix-time",
     ),
     # --- de facto X-RateLimit -------------------------------------------------
     pytest.param(
@@ -283,7 +298,9 @@ PARSE_CASES = [
         {"Retry-After": "Tue, 14 Nov 2023 25:00:00 GMT"}, EMPTY_FIELDS, id="retry-after-bad-hour"
     ),
     pytest.param(
-        {"Retry-After": "Tue, 14 Nov 2023 22:15:20 +0100"}, EMPTY_FIELDS, id="retry-after-offset"
+        {"Retry-After": "Tue, 14 Nov 2023 23:15:20 +0100"},
+        expect(retry_after=120.0),
+        id="retry-after-numeric-zone",
     ),
     pytest.param({"Retry-After": "9" * 10_000_000}, EMPTY_FIELDS, id="retry-after-10-mb"),
     pytest.param(
@@ -349,7 +366,367 @@ PARSE_CASES = [
 @pytest.mark.parametrize(("headers", "expected"), PARSE_CASES)
 def test_parse(headers: Any, expected: dict[str, object]) -> None:
     info = parse(headers, now=NOW, max_delay=MAX_DELAY)
-    assert attrs.asdict(info) == expected
+    assert fields_of(info, expected) == expected
+
+
+# --- vendor dialects, with the examples of their own documentation -----------------
+
+#: 2025-10-25T11:59:30Z, half a minute before the Anthropic example's resets.
+NOW_ANTHROPIC = 1_761_393_570.0
+#: 30 s before the GitLab example's ``RateLimit-Reset: 1609844400``.
+NOW_GITLAB = 1_609_844_370.0
+
+OPENAI_EXAMPLE = {
+    "x-ratelimit-limit-requests": "60",
+    "x-ratelimit-limit-tokens": "150000",
+    "x-ratelimit-remaining-requests": "59",
+    "x-ratelimit-remaining-tokens": "149984",
+    "x-ratelimit-reset-requests": "1s",
+    "x-ratelimit-reset-tokens": "6m0s",
+}
+ANTHROPIC_EXAMPLE = {
+    "anthropic-ratelimit-requests-limit": "50",
+    "anthropic-ratelimit-requests-remaining": "49",
+    "anthropic-ratelimit-requests-reset": "2025-10-25T12:00:00Z",
+    "anthropic-ratelimit-tokens-limit": "50000",
+    "anthropic-ratelimit-tokens-remaining": "49500",
+    "anthropic-ratelimit-tokens-reset": "2025-10-25T12:01:00Z",
+    "anthropic-ratelimit-input-tokens-limit": "40000",
+    "anthropic-ratelimit-input-tokens-remaining": "39600",
+    "anthropic-ratelimit-input-tokens-reset": "2025-10-25T12:01:00Z",
+    "anthropic-ratelimit-output-tokens-limit": "8000",
+    "anthropic-ratelimit-output-tokens-remaining": "0",
+    "anthropic-ratelimit-output-tokens-reset": "2025-10-25T12:00:10.5Z",
+}
+
+VENDOR_CASES = [
+    pytest.param(
+        OPENAI_EXAMPLE,
+        NOW,
+        expect(
+            source="openai",
+            budget="requests",
+            limit=60.0,
+            remaining=59.0,
+            reset=1.0,
+            interval=1.0 / 59,
+            budgets=("requests", "tokens"),
+        ),
+        id="openai-docs-example",
+    ),
+    pytest.param(
+        {**OPENAI_EXAMPLE, "x-ratelimit-remaining-tokens": "0"},
+        NOW,
+        expect(
+            source="openai",
+            budget="tokens",
+            limit=150000.0,
+            remaining=0.0,
+            reset=MAX_DELAY,
+            budgets=("requests", "tokens"),
+        ),
+        id="openai-tokens-spent-are-the-most-restrictive",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1h2m3.5s"},
+        NOW,
+        expect(source="openai", budget="requests", remaining=0.0, reset=MAX_DELAY),
+        id="openai-go-duration-hours",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-tokens": "10", "x-ratelimit-reset-tokens": "20ms"},
+        NOW,
+        expect(source="openai", budget="tokens", remaining=10.0, reset=0.02, interval=0.002),
+        id="openai-go-duration-milliseconds",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "5", "x-ratelimit-reset-requests": "2m59.56s"},
+        NOW,
+        expect(source="openai", budget="requests", remaining=5.0, reset=179.56, interval=35.912),
+        id="openai-style-fractional-seconds",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "3", "x-ratelimit-reset-requests": "7.5"},
+        NOW,
+        expect(source="openai", budget="requests", remaining=3.0, reset=7.5, interval=2.5),
+        id="openai-reset-plain-seconds",
+    ),
+    pytest.param({"retry-after-ms": "1500"}, NOW, expect(retry_after=1.5), id="retry-after-ms"),
+    pytest.param(
+        {"Retry-After": "2", "retry-after-ms": "1500"},
+        NOW,
+        expect(retry_after=1.5),
+        id="retry-after-ms-wins-over-retry-after",
+    ),
+    pytest.param(
+        {"Retry-After": "2", "retry-after-ms": "soon"},
+        NOW,
+        expect(retry_after=2.0),
+        id="invalid-retry-after-ms-falls-back",
+    ),
+    pytest.param(
+        {"retry-after-ms": "99999999999"},
+        NOW,
+        expect(retry_after=MAX_DELAY),
+        id="retry-after-ms-clamped",
+    ),
+    pytest.param(
+        {**ANTHROPIC_EXAMPLE, "retry-after": "10"},
+        NOW_ANTHROPIC,
+        expect(
+            source="anthropic",
+            budget="output-tokens",
+            retry_after=10.0,
+            limit=8000.0,
+            remaining=0.0,
+            reset=40.5,
+            budgets=("requests", "tokens", "input-tokens", "output-tokens"),
+        ),
+        id="anthropic-docs-example",
+    ),
+    pytest.param(
+        {
+            "anthropic-ratelimit-requests-remaining": "1",
+            "anthropic-ratelimit-requests-reset": "2025-10-25T13:59:40+02:00",
+        },
+        NOW_ANTHROPIC,
+        expect(source="anthropic", budget="requests", remaining=1.0, reset=10.0, interval=10.0),
+        id="anthropic-reset-with-offset",
+    ),
+    pytest.param(
+        {
+            "RateLimit-Limit": "60",
+            "RateLimit-Name": "throttle_authenticated_web",
+            "RateLimit-Observed": "67",
+            "RateLimit-Remaining": "0",
+            "RateLimit-Reset": "1609844400",
+            "RateLimit-ResetTime": "Tue, 05 Jan 2021 11:00:00 GMT",
+            "Retry-After": "30",
+        },
+        NOW_GITLAB,
+        legacy(retry_after=30.0, limit=60.0, remaining=0.0, reset=30.0),
+        id="gitlab-docs-example",
+    ),
+    pytest.param(
+        {"RateLimit-Limit": "60", "RateLimit-Observed": "45"},
+        NOW_GITLAB,
+        legacy(limit=60.0, remaining=15.0),
+        id="gitlab-observed-gives-remaining",
+    ),
+    pytest.param(
+        {
+            "x-ratelimit-limit": "5000",
+            "x-ratelimit-remaining": "4999",
+            "x-ratelimit-used": "1",
+            "x-ratelimit-reset": "1700003600",
+            "x-ratelimit-resource": "core",
+        },
+        NOW,
+        x_ratelimit(limit=5000.0, remaining=4999.0, reset=MAX_DELAY),
+        id="github-docs-example",
+    ),
+    pytest.param(
+        {
+            "X-RateLimit-Limit": "5",
+            "X-RateLimit-Remaining": "0",
+            "X-RateLimit-Reset": "1470173023.123",
+            "X-RateLimit-Reset-After": "1.123",
+            "X-RateLimit-Bucket": "abcd1234",
+        },
+        1_470_173_022.0,
+        x_ratelimit(limit=5.0, remaining=0.0, reset=1.123),
+        id="discord-docs-example",
+    ),
+    pytest.param(
+        {"X-Ratelimit-Used": "4", "X-Ratelimit-Remaining": "596.0", "X-Ratelimit-Reset": "540"},
+        NOW,
+        x_ratelimit(limit=600.0, remaining=596.0, reset=MAX_DELAY),
+        id="reddit-used-gives-limit",
+    ),
+    pytest.param(
+        {
+            "x-rate-limit-limit": "900",
+            "x-rate-limit-remaining": "0",
+            "x-rate-limit-reset": "1700000060",
+        },
+        NOW,
+        x_ratelimit(limit=900.0, remaining=0.0, reset=60.0),
+        id="x-docs-example",
+    ),
+    pytest.param(
+        {"X-Shopify-Shop-Api-Call-Limit": "40/40", "Retry-After": "2.0"},
+        NOW,
+        expect(retry_after=2.0),
+        id="shopify-retry-after",
+    ),
+    pytest.param(
+        {"Ratelimit": '"default";r=50;t=30', "Ratelimit-Policy": '"burst";q=100;w=60'},
+        NOW,
+        ietf(remaining=50.0, reset=30.0, policy="default"),
+        id="cloudflare-ietf-example",
+    ),
+    pytest.param(
+        {
+            "X-RateLimit-Limit": "1200",
+            "X-RateLimit-Remaining": "0",
+            "Retry-After": "60",
+            "X-RateLimit-Reset": http_date(60),
+        },
+        NOW,
+        x_ratelimit(retry_after=60.0, limit=1200.0, remaining=0.0, reset=60.0),
+        id="cloudflare-rfc1123-reset",
+    ),
+    pytest.param(
+        {"Stripe-Rate-Limited-Reason": "global-rate"},
+        NOW,
+        EMPTY_FIELDS,
+        id="stripe-says-nothing-to-parse",
+    ),
+    pytest.param(
+        {
+            "RateLimit-Policy": '"hour";q=1000;w=3600, "day";q=5000;w=86400',
+            "RateLimit": '"day";r=100;t=36000',
+        },
+        NOW,
+        ietf(
+            remaining=100.0,
+            reset=MAX_DELAY,
+            interval=MAX_DELAY,
+            limit=5000.0,
+            window=86400.0,
+            policy="day",
+        ),
+        id="ietf-draft-10-two-windows-pace-from-uncapped-reset",
+    ),
+    pytest.param(
+        {
+            "RateLimit-Policy": '"hour";q=1000;w=3600, "day";q=5000;w=86400',
+            "RateLimit": '"hour";r=50;t=1800, "day";r=100;t=36000',
+        },
+        NOW,
+        ietf(
+            remaining=100.0,
+            reset=MAX_DELAY,
+            interval=MAX_DELAY,
+            limit=5000.0,
+            window=86400.0,
+            policy="day",
+            budgets=("hour", "day"),
+        ),
+        id="ietf-slowest-pace-is-the-most-restrictive",
+    ),
+]
+
+
+@pytest.mark.parametrize(("headers", "now", "expected"), VENDOR_CASES)
+def test_vendor_dialects(headers: dict[str, str], now: float, expected: dict[str, object]) -> None:
+    info = parse(headers, now=now, max_delay=MAX_DELAY)
+    actual = fields_of(info, expected)
+    for name in ("reset", "interval"):
+        if isinstance(actual.get(name), float):
+            actual[name] = pytest.approx(actual[name])
+    assert expected == actual
+
+
+def test_draft_10_pace_is_computed_before_the_cap() -> None:
+    headers = {
+        "RateLimit-Policy": '"hour";q=1000;w=3600, "day";q=5000;w=86400',
+        "RateLimit": '"day";r=100;t=36000',
+    }
+    info = parse(headers, now=NOW, max_delay=3600.0)
+    assert (info.reset, info.pace()) == (3600.0, 360.0)  # one request per 360 s, not per 36 s
+
+
+def test_budgets_keep_their_own_fields() -> None:
+    info = parse(OPENAI_EXAMPLE, now=NOW, max_delay=3600.0)
+    tokens = info.for_budget("tokens")
+    assert tokens is not None
+    assert (tokens.budget, tokens.limit, tokens.remaining, tokens.reset) == (
+        "tokens",
+        150000.0,
+        149984.0,
+        360.0,
+    )
+    assert tokens.pace() == pytest.approx(360.0 / 149984)
+    assert info.for_budget("images") is None
+
+
+# --- budgets reach the scope that tracks them ---------------------------------------
+
+TOKENS_LOW = {
+    "x-ratelimit-limit-requests": "60",
+    "x-ratelimit-remaining-requests": "50",
+    "x-ratelimit-reset-requests": "10s",
+    "x-ratelimit-limit-tokens": "30000",
+    "x-ratelimit-remaining-tokens": "3000",
+    "x-ratelimit-reset-tokens": "6s",
+    "retry-after-ms": "250",
+}
+
+
+def test_for_scopes_routes_each_budget() -> None:
+    info = parse(TOKENS_LOW, now=NOW, max_delay=MAX_DELAY)
+    views = info.for_scopes(
+        {"api.openai.com": 1.0, "openai-tokens": 1000.0}, {"tokens": "openai-tokens"}
+    )
+    host, tokens = views["api.openai.com"], views["openai-tokens"]
+    assert (host.budget, host.remaining, host.limit, host.retry_after) == (
+        "requests",
+        50.0,
+        60.0,
+        0.25,
+    )
+    assert [budget.budget for budget in host.budgets] == ["requests"]
+    # 3000 tokens left are three requests of 1000 tokens, to spread over 6 s.
+    assert (tokens.budget, tokens.remaining, tokens.limit, tokens.retry_after) == (
+        "tokens",
+        3.0,
+        30.0,
+        0.25,
+    )
+    assert tokens.pace() == pytest.approx(2.0)
+    assert tokens.budgets == ()
+
+
+def test_for_scopes_without_a_mapping_gives_everyone_everything() -> None:
+    info = parse(TOKENS_LOW, now=NOW, max_delay=MAX_DELAY)
+    assert info.for_scopes({"a": 1.0, "b": 5.0}, {}) == {"a": info, "b": info}
+
+
+def test_for_scopes_when_the_budget_is_not_reported() -> None:
+    info = parse({"Retry-After": "3"}, now=NOW)
+    views = info.for_scopes({"host": 1.0, "tokens": 50.0}, {"tokens": "tokens"})
+    assert views["tokens"] == RateLimitInfo(retry_after=3.0)
+    assert views["host"] is info
+
+
+@pytest.mark.parametrize(
+    ("remaining", "cost", "expected_remaining", "expected_pace", "expected_wait"),
+    [
+        pytest.param(3000.0, 1000.0, 3.0, 2.0, None, id="three-left"),
+        pytest.param(999.0, 1000.0, 0.0, None, 6.0, id="less-than-one-request-waits-for-reset"),
+        pytest.param(3000.0, 1.0, 3000.0, 0.002, None, id="cost-one-unchanged"),
+        pytest.param(3000.0, 0.0, 3000.0, 0.002, None, id="cost-zero-unchanged"),
+        pytest.param(1.0, 0.5, 2.0, 3.0, None, id="fractional-cost"),
+    ],
+)
+def test_per_request(
+    remaining: float,
+    cost: float,
+    expected_remaining: float,
+    expected_pace: float | None,
+    expected_wait: float | None,
+) -> None:
+    info = RateLimitInfo(remaining=remaining, reset=6.0, limit=30000.0).per_request(cost)
+    assert info.remaining == expected_remaining
+    assert info.pace() == (None if expected_pace is None else pytest.approx(expected_pace))
+    assert info.wait() == expected_wait
+
+
+def test_excluding_every_budget_keeps_retry_after() -> None:
+    info = parse(TOKENS_LOW, now=NOW)
+    assert info.excluding({"requests", "tokens"}) == RateLimitInfo(retry_after=0.25)
+    assert info.excluding({"images"}) is info
 
 
 # --- containers ------------------------------------------------------------------
@@ -415,13 +792,13 @@ CONTAINERS: list[Any] = [
 @pytest.mark.parametrize("build", CONTAINERS)
 def test_parse_accepts_every_container(build: Callable[[list[tuple[str, str]]], Any]) -> None:
     info = parse(build(PAIRS), now=NOW, max_delay=MAX_DELAY)
-    assert attrs.asdict(info) == CONTAINER_EXPECTED
+    assert fields_of(info, CONTAINER_EXPECTED) == CONTAINER_EXPECTED
 
 
 def test_parse_returns_the_empty_singleton() -> None:
     assert parse(None, now=NOW) is EMPTY
     assert parse({"Server": "x"}, now=NOW) is EMPTY
-    assert attrs.asdict(EMPTY) == expect()
+    assert fields_of(EMPTY, expect(budgets=())) == expect(budgets=())
 
 
 def test_max_delay_clamps_every_delay() -> None:
@@ -466,8 +843,17 @@ def test_max_delay_clamps_every_delay() -> None:
             "Thursday, 01-Jan-70 00:00:00 GMT", NOW, None, MAX_DELAY, id="rfc850-70-is-2070"
         ),
         pytest.param("Sun, 06 Nov 9999 08:49:37 GMT", NOW, None, MAX_DELAY, id="far-future"),
-        pytest.param("Sun, 06 Nov 0000 08:49:37 GMT", NOW, None, None, id="year-zero"),
-        pytest.param("Sun, 6 Nov 1994 08:49:37 GMT", NOW_1994, None, None, id="one-digit-day"),
+        pytest.param("Sun, 06 Nov 0000 08:49:37 GMT", NOW, None, 0.0, id="year-zero-is-past"),
+        pytest.param("Sun, 6 Nov 1994 08:49:37 GMT", NOW_1994, None, 37.0, id="one-digit-day"),
+        pytest.param("Sun, 06 Nov 1994 08:49:60 GMT", NOW_1994, None, None, id="second-60"),
+        pytest.param("Sun, 06 Nov 1994 08:49:37", NOW_1994, None, 37.0, id="no-zone-is-utc"),
+        pytest.param("Sun, 06 Nov 1994 08:49:37 GMT" + " " * 12, NOW_1994, None, 37.0, id="ows"),
+        pytest.param(
+            "Sun, 06 Nov 1994 08:49:37 GMT (x)" + "x" * 9, NOW_1994, None, None, id="long"
+        ),
+        pytest.param(
+            "Thursday, 29-Feb-24 00:00:00 GMT", NOW, None, MAX_DELAY, id="rfc850-leap-day"
+        ),
         pytest.param("Sun, 06 Foo 1994 08:49:37 GMT", NOW_1994, None, None, id="bad-month"),
         pytest.param("-1", NOW, None, None, id="negative"),
         pytest.param("+1", NOW, None, None, id="plus-sign"),
@@ -598,6 +984,21 @@ HEADER_NAMES = st.sampled_from(
         "X-RateLimit-Reset",
         "X-RateLimit-Reset-After",
         "X-Rate-Limit-Reset",
+        "X-RateLimit-Used",
+        "RateLimit-Observed",
+        "Retry-After-Ms",
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+        "anthropic-ratelimit-requests-limit",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-reset",
         "Content-Type",
     ]
 )
@@ -639,6 +1040,21 @@ FRAGMENTS = st.sampled_from(
         '%"%ff"',
         "\u00e9",
         "\x00",
+        "h",
+        "m",
+        "s",
+        "ms",
+        "\u00b5s",
+        "ns",
+        "1h2m3.5s",
+        "6m0s",
+        "2025-10-25T12:00:00Z",
+        "T",
+        "Z",
+        "+02:00",
+        ":",
+        "99",
+        "9999-12-31T23:59:59.999999999-23:59",
     ]
 )
 HEADER_VALUES = st.one_of(
@@ -656,16 +1072,24 @@ TIMES = st.floats(allow_nan=False, allow_infinity=False)
     pairs=st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=10),
     now=TIMES,
     max_delay=MAX_DELAYS,
+    cost=st.floats(min_value=0.0, max_value=1e12),
 )
 def test_parse_never_raises_and_bounds_delays(
-    pairs: list[tuple[str, str | bytes]], now: float, max_delay: float
+    pairs: list[tuple[str, str | bytes]], now: float, max_delay: float, cost: float
 ) -> None:
     info = parse(pairs, now=now, max_delay=max_delay)
-    for delay in (info.retry_after, info.reset, info.wait(), info.pace()):
-        assert delay is None or 0.0 <= delay <= max_delay
-    assert info.remaining is None or 0.0 <= info.remaining < math.inf
-    assert info.limit is None or 0.0 < info.limit < math.inf
-    assert info.window is None or 0.0 < info.window < math.inf
+    for part in (info, *info.budgets):
+        for delay in (part.retry_after, part.reset, part.wait(), part.pace()):
+            assert delay is None or 0.0 <= delay <= max_delay
+        assert part.remaining is None or 0.0 <= part.remaining < math.inf
+        assert part.limit is None or 0.0 < part.limit < math.inf
+        assert part.window is None or 0.0 < part.window < math.inf
+    names = [budget.budget for budget in info.budgets]
+    assert len(names) == len(set(names)) <= 32
+    views = info.for_scopes({"host": 1.0, "tokens": cost}, {"tokens": "tokens", "day": "host"})
+    for view in views.values():
+        for delay in (view.retry_after, view.reset, view.wait(), view.pace()):
+            assert delay is None or 0.0 <= delay <= max_delay
 
 
 @settings(deadline=None)

@@ -8,16 +8,19 @@ wall-clock time as ``now`` (epoch seconds, what :func:`time.time` returns).
 Header families
 ===============
 
-``Retry-After`` (RFC 9110, section 10.2.3)
-    Either delay-seconds (``120``; a decimal such as ``1.5`` is accepted too) or
-    an HTTP-date in any of its three forms: IMF-fixdate
-    (``Sun, 06 Nov 1994 08:49:37 GMT``), the obsolete RFC 850 form
-    (``Sunday, 06-Nov-94 08:49:37 GMT``) and asctime
-    (``Sun Nov  6 08:49:37 1994``). A date becomes a delay relative to the
-    response's own ``Date`` header when that is present and valid (which cancels
-    any clock skew between server and client), else relative to ``now``. A date
-    in the past means "no wait" (``0.0``). The result is
-    :attr:`RateLimitInfo.retry_after`.
+``Retry-After`` (RFC 9110, section 10.2.3) and ``Retry-After-Ms``
+    ``Retry-After`` is either delay-seconds (``120``; a decimal such as
+    ``1.5`` is accepted too) or an HTTP-date in any of its three forms:
+    IMF-fixdate (``Sun, 06 Nov 1994 08:49:37 GMT``), the obsolete RFC 850 form
+    (``Sunday, 06-Nov-94 08:49:37 GMT``, its two-digit year read as RFC 9110
+    asks) and asctime (``Sun Nov  6 08:49:37 1994``), parsed leniently by
+    :func:`email.utils.parsedate_to_datetime`. A date becomes a delay relative
+    to the response's own ``Date`` header when that is present and valid
+    (which cancels any clock skew between server and client), else relative
+    to ``now``. A date in the past means "no wait" (``0.0``).
+    ``Retry-After-Ms`` (sent by OpenAI and Azure OpenAI) gives the same delay
+    in milliseconds; when valid it wins over ``Retry-After``, as the vendors'
+    own SDKs do. The result is :attr:`RateLimitInfo.retry_after`.
 
 IETF structured fields (``source="ietf"``)
     draft-ietf-httpapi-ratelimit-headers-10 defines two Structured Fields
@@ -26,36 +29,66 @@ IETF structured fields (``source="ietf"``)
     the quota, ``w`` the window in seconds, ``qu`` the quota unit, ``pk`` a
     partition key (a Byte Sequence). ``RateLimit: "default";r=50;t=30`` gives
     the live state per policy: ``r`` units remaining, ``t`` seconds until the
-    quota resets, ``pk``. When several policies are reported, the most
-    restrictive one wins (smallest ``r``; ties go to the largest ``t``), and its
-    quota and window come from the ``RateLimit-Policy`` item with the same name.
-    Without a ``RateLimit`` field, the policy with the smallest quota per
-    second is reported (limit and window only).
+    quota resets, ``pk``. Each reported policy is a budget (see below), whose
+    quota and window come from the ``RateLimit-Policy`` item with the same
+    name. Without a ``RateLimit`` field, the policy with the smallest quota
+    per second is reported (limit and window only).
 
 Older IETF drafts (``source="ietf-legacy"``)
     Separate ``RateLimit-Limit``, ``RateLimit-Remaining`` and
-    ``RateLimit-Reset`` fields (reset in delta seconds; the limit may carry
-    quota policies, as in ``100, 100;w=60``: the first number is the limit and
-    the ``w`` of a matching policy is the window), and the combined dictionary
-    form ``RateLimit: limit=100, remaining=50, reset=30``, recognised when a
-    ``RateLimit`` value is not a valid draft-10 List.
+    ``RateLimit-Reset`` fields (the limit may carry quota policies, as in
+    ``100, 100;w=60``: the first number is the limit and the ``w`` of a
+    matching policy is the window), and the combined dictionary form
+    ``RateLimit: limit=100, remaining=50, reset=30``, recognised when a
+    ``RateLimit`` value is not a valid draft-10 List. The reset is read like
+    an ``X-RateLimit-Reset`` (GitLab sends a Unix time there). GitLab's
+    ``RateLimit-Observed`` (units used) gives the remaining units when
+    ``RateLimit-Remaining`` is missing.
 
 De facto ``X-RateLimit-*`` (``source="x-ratelimit"``)
     ``X-RateLimit-Limit``, ``X-RateLimit-Remaining``, ``X-RateLimit-Reset``, the
-    same with ``X-Rate-Limit-`` prefixes, and ``X-RateLimit-Reset-After``
-    (delta seconds). A reset above ``1e12`` is an epoch time in milliseconds,
-    above ``1e9`` an epoch time in seconds (both converted to a delay relative
-    to ``now``; past times mean ``0.0``), anything else is delta seconds. An
-    HTTP-date reset is converted relative to ``now`` as well.
+    same with ``X-Rate-Limit-`` prefixes (X), ``X-RateLimit-Reset-After``
+    (delta seconds, Discord) and ``X-RateLimit-Used`` (GitHub, Reddit: the
+    remaining units are ``limit - used`` when not given, the limit is
+    ``remaining + used`` when not given). A reset above ``1e12`` is an epoch
+    time in milliseconds, above ``1e9`` an epoch time in seconds (GitHub, X,
+    Discord; both converted to a delay relative to ``now``; past times mean
+    ``0.0``), anything else is delta seconds (Reddit). An HTTP-date reset
+    (Cloudflare) is converted relative to ``now`` as well.
+
+OpenAI (``source="openai"``)
+    ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``, as sent by
+    OpenAI, Azure OpenAI and the APIs that copy them: two budgets,
+    ``"requests"`` and ``"tokens"``. A reset is a Go duration (``1s``,
+    ``6m0s``, ``20ms``, ``1h2m3.5s``) or plain seconds.
+
+Anthropic (``source="anthropic"``)
+    ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}``:
+    four budgets, each reset an RFC 3339 time (``2025-01-01T00:01:00Z``)
+    converted relative to ``now``.
+
+Budgets
+=======
+
+A server may report several quotas at once: requests and tokens (OpenAI,
+Anthropic), an hourly and a daily policy (IETF). Each one is a *budget*: a
+:class:`RateLimitInfo` of its own in :attr:`RateLimitInfo.budgets`, named by
+:attr:`~RateLimitInfo.budget` (``"requests"``, ``"tokens"``, or the IETF
+policy name). The top-level ``remaining``, ``reset``, ``limit`` and ``window``
+are those of the most restrictive budget: an exhausted one first (the latest
+reset among them), else the one with the longest :meth:`~RateLimitInfo.pace`,
+else the fewest remaining. :meth:`RateLimitInfo.for_scopes` hands each
+throttling scope the budget it tracks, so a nearly spent token budget slows
+the scope that counts tokens and not the one that counts requests.
 
 Precedence and duplicates
 =========================
 
 ``remaining``, ``reset``, ``limit`` and ``window`` all come from one family,
-so that they describe the same window: the first of IETF structured,
-ietf-legacy, x-ratelimit that reports ``remaining`` or ``reset``, or failing
-that the first that reports a ``limit``. :attr:`RateLimitInfo.source` names
-it. ``Retry-After`` is independent of the families and wins over them in
+so that they describe the same window: the first of Anthropic, OpenAI, IETF
+structured, ietf-legacy, x-ratelimit that reports ``remaining`` or ``reset``,
+or failing that the first that reports a ``limit``. :attr:`RateLimitInfo.source`
+names it. ``Retry-After`` is independent of the families and wins over them in
 :meth:`RateLimitInfo.wait`.
 
 A header name may occur several times (or carry a comma-separated list that a
@@ -74,10 +107,11 @@ expensive, so:
   raises :class:`TypeError`, and bad ``now``/``max_delay`` raise
   :class:`ValueError`;
 * negative numbers, NaN, infinities and numbers longer than 20 characters are
-  ignored;
+  ignored; dates and durations longer than 40 characters are ignored;
 * every delay (:attr:`~RateLimitInfo.retry_after`, :attr:`~RateLimitInfo.reset`,
   and so what :meth:`~RateLimitInfo.wait` and :meth:`~RateLimitInfo.pace`
-  return) is clamped to ``[0, max_delay]``;
+  return) is clamped to ``[0, max_delay]``; the pace is computed from the
+  reset *before* that clamp, so a long window keeps its slow pace;
 * the work is bounded whatever the server sends: a header value longer than
   8 KiB is ignored; at most 16 values per header name are considered; at most
   32 members of a list (or members of a legacy dictionary, or parameters of a
@@ -91,15 +125,22 @@ Example::
     >>> info = parse({"RateLimit": '"default";r=0;t=12'}, now=1_700_000_000.0)
     >>> info.remaining, info.reset, info.source, info.wait()
     (0.0, 12.0, 'ietf', 12.0)
+    >>> info = parse(
+    ...     {"x-ratelimit-remaining-requests": "59", "x-ratelimit-reset-requests": "1s",
+    ...      "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "6m0s"},
+    ...     now=1_700_000_000.0,
+    ... )
+    >>> info.budget, info.wait(), info.for_budget("requests").remaining
+    ('tokens', 300.0, 59.0)
 """
 
 from __future__ import annotations
 
-import calendar
 import datetime
+import email.utils
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Final, TypeAlias
 
@@ -121,64 +162,96 @@ _MAX_MEMBERS: Final = 32
 _MAX_STRUCTURED_LENGTH: Final = 8192
 #: A number written with more characters than this is ignored.
 _MAX_NUMBER_LENGTH: Final = 20
+#: A date or a duration written with more characters than this is ignored.
+_MAX_DATE_LENGTH: Final = 40
 
-_SOURCES: Final = frozenset({"ietf", "ietf-legacy", "x-ratelimit"})
+_SOURCES: Final = frozenset({"anthropic", "ietf", "ietf-legacy", "openai", "x-ratelimit"})
 
 _RETRY_AFTER: Final = "retry-after"
+_RETRY_AFTER_MS: Final = "retry-after-ms"
 _DATE: Final = "date"
 _RATELIMIT: Final = "ratelimit"
 _RATELIMIT_POLICY: Final = "ratelimit-policy"
 _LEGACY_LIMIT: Final = "ratelimit-limit"
 _LEGACY_REMAINING: Final = "ratelimit-remaining"
 _LEGACY_RESET: Final = "ratelimit-reset"
+_LEGACY_OBSERVED: Final = "ratelimit-observed"
 _X_LIMIT: Final = ("x-ratelimit-limit", "x-rate-limit-limit")
 _X_REMAINING: Final = ("x-ratelimit-remaining", "x-rate-limit-remaining")
 _X_RESET: Final = ("x-ratelimit-reset", "x-rate-limit-reset")
 _X_RESET_AFTER: Final = "x-ratelimit-reset-after"
+_X_USED: Final = "x-ratelimit-used"
+
+
+def _budget_fields(template: str, budget: str) -> tuple[str, str, str]:
+    """The (limit, remaining, reset) field names of one budget."""
+    limit, remaining, reset = (
+        template.format(kind=kind, budget=budget) for kind in ("limit", "remaining", "reset")
+    )
+    return limit, remaining, reset
+
+
+#: Budget name -> the (limit, remaining, reset) header names that report it.
+_OPENAI_BUDGETS: Final = {
+    budget: _budget_fields("x-ratelimit-{kind}-{budget}", budget)
+    for budget in ("requests", "tokens")
+}
+_ANTHROPIC_BUDGETS: Final = {
+    budget: _budget_fields("anthropic-ratelimit-{budget}-{kind}", budget)
+    for budget in ("requests", "tokens", "input-tokens", "output-tokens")
+}
 
 _FIELD_NAMES: Final = frozenset(
     {
         _RETRY_AFTER,
+        _RETRY_AFTER_MS,
         _DATE,
         _RATELIMIT,
         _RATELIMIT_POLICY,
         _LEGACY_LIMIT,
         _LEGACY_REMAINING,
         _LEGACY_RESET,
+        _LEGACY_OBSERVED,
         *_X_LIMIT,
         *_X_REMAINING,
         *_X_RESET,
         _X_RESET_AFTER,
+        _X_USED,
+        *(name for names in _OPENAI_BUDGETS.values() for name in names),
+        *(name for names in _ANTHROPIC_BUDGETS.values() for name in names),
     }
 )
 _MAX_NAME_LENGTH: Final = max(len(name) for name in _FIELD_NAMES)
 _OWS: Final = " \t"
 
 _NUMBER: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-
-_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-_MONTH = "(" + "|".join(_MONTHS) + ")"
-_DAY_NAME = "(?:mon|tue|wed|thu|fri|sat|sun)"
-_LONG_DAY_NAME = "(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
-_TIME = "([0-9]{2}):([0-9]{2}):([0-9]{2})"
-_DATE_FLAGS = re.IGNORECASE | re.ASCII
-#: IMF-fixdate: ``Sun, 06 Nov 1994 08:49:37 GMT`` (groups: day, month, year, time).
-_IMF_FIXDATE = re.compile(
-    rf"{_DAY_NAME}, ([0-9]{{2}}) {_MONTH} ([0-9]{{4}}) {_TIME} (?:GMT|UTC)", _DATE_FLAGS
+#: A Go duration (``time.Duration.String()``): ``1h2m3.5s``, ``6m0s``, ``20ms``.
+_GO_DURATION: Final = re.compile(r"(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:h|m|s|ms|us|µs|μs|ns))+")
+_GO_PART: Final = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ms|us|µs|μs|ns|h|m|s)")
+_GO_UNITS: Final = {
+    "h": 3600.0,
+    "m": 60.0,
+    "s": 1.0,
+    "ms": 1e-3,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ns": 1e-9,
+}
+#: An RFC 3339 date-time: ``2025-01-01T00:01:00Z``, ``2025-01-01T00:01:00.5+01:00``.
+_RFC3339: Final = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?"
+    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))",
+    re.ASCII,
 )
-#: Obsolete RFC 850: ``Sunday, 06-Nov-94 08:49:37 GMT`` (groups: day, month, yy, time).
-_RFC850_DATE = re.compile(
-    rf"{_LONG_DAY_NAME}, ([0-9]{{2}})-{_MONTH}-([0-9]{{2}}) {_TIME} GMT", _DATE_FLAGS
-)
-#: asctime: ``Sun Nov  6 08:49:37 1994`` (groups: month, day, time, year).
-_ASCTIME_DATE = re.compile(
-    rf"{_DAY_NAME} {_MONTH} ( [0-9]|[0-9]{{2}}) {_TIME} ([0-9]{{4}})", _DATE_FLAGS
-)
+#: The date part of an RFC 850 date, ``06-Nov-94``, whose year has two digits.
+_RFC850_DAY: Final = re.compile(r"[0-9]{1,2}-[A-Za-z]{3}-([0-9]{2})", re.ASCII)
 
 #: One member of a Structured Field List: quoted strings may hold commas.
 _STRUCTURED_MEMBER = re.compile(r'(?:"(?:[^"\\]|\\.)*"|[^",])*', re.DOTALL)
 
-_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_UTC: Final = datetime.timezone.utc
+_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 
 
 def _check_delay(
@@ -216,6 +289,41 @@ def _check_source(
         raise ValueError(f"{attribute.name} must be None or one of {allowed}, got {value!r}")
 
 
+def _check_budgets(
+    instance: object, attribute: attrs.Attribute[tuple[Any, ...]], value: tuple[Any, ...]
+) -> None:
+    for budget in value:
+        if not isinstance(budget, RateLimitInfo) or budget.budget is None:
+            raise TypeError(
+                f"{attribute.name} must hold RateLimitInfo objects with a budget name, "
+                f"got {budget!r}"
+            )
+
+
+def _as_tuple(value: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(value)
+
+
+def _spread(remaining: float | None, reset: float | None) -> float | None:
+    """``reset / remaining`` but never more than ``reset``; ``None`` unless both are known."""
+    if remaining is None or reset is None or remaining <= 0:
+        return None
+    return min(reset, reset / remaining)
+
+
+def _default_interval(info: RateLimitInfo) -> float | None:
+    return _spread(info.remaining, info.reset)
+
+
+def _rank(info: RateLimitInfo) -> tuple[int, float, float]:
+    """Sort key: the most restrictive budget first (see the module documentation)."""
+    reset = info.reset or 0.0
+    if info.remaining == 0:
+        return (0, -reset, 0.0)
+    remaining = math.inf if info.remaining is None else info.remaining
+    return (1, -(info.interval or 0.0), remaining)
+
+
 @attrs.frozen(kw_only=True)
 class RateLimitInfo:
     """What one response's headers say about the client's rate limit.
@@ -225,7 +333,7 @@ class RateLimitInfo:
     ``now`` to :func:`parse`, already clamped to ``[0, max_delay]``.
 
     :ivar retry_after: seconds to wait before the next request, from
-        ``Retry-After``.
+        ``Retry-After-Ms`` or ``Retry-After``.
     :ivar reset: seconds until the current quota window resets.
     :ivar remaining: requests (or quota units) left in the current window,
         ``>= 0``.
@@ -235,8 +343,19 @@ class RateLimitInfo:
     :ivar partition_key: the IETF partition key (``pk``) as text (the bytes of
         the Byte Sequence decoded as latin-1).
     :ivar source: the header family that produced ``remaining``, ``reset``,
-        ``limit`` and ``window``: ``"ietf"``, ``"ietf-legacy"``,
-        ``"x-ratelimit"``, or ``None`` when no family applied.
+        ``limit`` and ``window``: ``"anthropic"``, ``"ietf"``,
+        ``"ietf-legacy"``, ``"openai"``, ``"x-ratelimit"``, or ``None`` when
+        no family applied.
+    :ivar interval: seconds between sends that spread the remaining units
+        until the reset (see :meth:`pace`). :func:`parse` computes it from
+        the reset before clamping; by default it is derived from
+        :attr:`reset` and :attr:`remaining`.
+    :ivar budget: the name of the budget these fields describe (``"requests"``,
+        ``"tokens"``, an IETF policy name), ``None`` for a family without
+        named budgets.
+    :ivar budgets: every named budget the response reported, each a
+        :class:`RateLimitInfo` with its :attr:`budget` set; empty for the
+        families that report a single unnamed quota.
 
     Example::
 
@@ -253,6 +372,13 @@ class RateLimitInfo:
     policy: str | None = attrs.field(default=None, validator=_check_text)
     partition_key: str | None = attrs.field(default=None, validator=_check_text)
     source: str | None = attrs.field(default=None, validator=_check_source)
+    interval: float | None = attrs.field(
+        default=attrs.Factory(_default_interval, takes_self=True), validator=_check_delay
+    )
+    budget: str | None = attrs.field(default=None, validator=_check_text)
+    budgets: tuple[RateLimitInfo, ...] = attrs.field(
+        default=(), converter=_as_tuple, validator=_check_budgets
+    )
 
     def wait(self) -> float | None:
         """Return the minimum wait, in seconds, that the server asks for now.
@@ -272,32 +398,109 @@ class RateLimitInfo:
     def pace(self) -> float | None:
         """Return a send interval that spreads the remaining quota over the window.
 
-        This is ``reset / remaining``, but never more than :attr:`reset` (with
-        less than one unit left, waiting for the reset is enough).
+        This is ``reset / remaining``, but never more than the reset (with
+        less than one unit left, waiting for the reset is enough): the
+        :attr:`interval`. From :func:`parse` it is computed with the reset the
+        server sent, then clamped to ``max_delay``, so ``r=100;t=36000`` paces
+        one request per 360 s (or ``max_delay``), not per ``max_delay / 100``.
 
         :returns: seconds between requests, or ``None`` unless :attr:`remaining`
-            is ``> 0`` and :attr:`reset` is known.
+            is ``> 0`` and the reset is known.
         """
-        if self.remaining is None or self.reset is None or self.remaining <= 0:
-            return None
-        return min(self.reset, self.reset / self.remaining)
+        return self.interval
+
+    def for_budget(self, name: str) -> RateLimitInfo | None:
+        """The budget called ``name``, with this response's :attr:`retry_after`.
+
+        :returns: ``None`` when the response did not report that budget.
+        """
+        for budget in self.budgets:
+            if budget.budget == name:
+                return attrs.evolve(budget, retry_after=self.retry_after)
+        return None
+
+    def excluding(self, names: Collection[str]) -> RateLimitInfo:
+        """This information without the budgets called ``names``.
+
+        The top-level fields become those of the most restrictive budget left
+        (only :attr:`retry_after` when none is left). Information without
+        named budgets is returned unchanged.
+        """
+        if not self.budgets or not any(budget.budget in names for budget in self.budgets):
+            return self
+        left = tuple(budget for budget in self.budgets if budget.budget not in names)
+        if not left:
+            return RateLimitInfo(retry_after=self.retry_after)
+        return _with_budgets(left, self.retry_after)
+
+    def per_request(self, cost: float) -> RateLimitInfo:
+        """This budget counted in requests that each take ``cost`` units.
+
+        A token budget reports tokens, but a scope paces requests: with
+        ``remaining=2000`` tokens and requests of ``cost=1000``, two requests
+        are left. Less than one request's worth left counts as ``0`` (wait
+        for the reset). ``cost <= 0`` or ``1`` returns the information as it is.
+        """
+        if cost <= 0 or cost == 1:
+            return self
+        if self.remaining is None:
+            remaining, interval = None, self.interval
+        else:
+            remaining = self.remaining / cost
+            if remaining < 1:
+                remaining, interval = 0.0, None
+            elif self.interval is None or self.reset is None:
+                interval = self.interval
+            else:
+                # reset / remaining grows by the cost, and stays within the reset.
+                interval = min(self.reset, self.interval * cost)
+        return attrs.evolve(
+            self,
+            remaining=remaining,
+            limit=None if self.limit is None else self.limit / cost,
+            interval=interval,
+            budgets=(),
+        )
+
+    def for_scopes(
+        self, costs: Mapping[str, float], budgets: Mapping[str, str]
+    ) -> dict[str, RateLimitInfo]:
+        """What each of a request's scopes should learn from this response.
+
+        :param costs: the request's ``{scope: cost}``.
+        :param budgets: which scope tracks which budget, ``{budget: scope}``,
+            e.g. ``{"tokens": "openai-tokens"}``.
+        :returns: ``{scope: info}``. A scope named in ``budgets`` gets its
+            budget counted in requests of its cost (:meth:`per_request`), or
+            only :attr:`retry_after` when the response did not report that
+            budget; every other scope gets the information without the
+            budgets named in ``budgets`` (:meth:`excluding`), so a nearly
+            spent token budget does not slow the scope that counts requests.
+        """
+        tracked = {scope: budget for budget, scope in budgets.items()}
+        rest = self.excluding(budgets.keys())
+        views: dict[str, RateLimitInfo] = {}
+        for scope, cost in costs.items():
+            name = tracked.get(scope)
+            if name is None:
+                views[scope] = rest
+                continue
+            budget = self.for_budget(name)
+            if budget is None:
+                views[scope] = RateLimitInfo(retry_after=self.retry_after)
+            else:
+                views[scope] = budget.per_request(cost)
+        return views
+
+
+def _with_budgets(budgets: Sequence[RateLimitInfo], retry_after: float | None) -> RateLimitInfo:
+    """The information whose top-level fields are the most restrictive of ``budgets``."""
+    top = min(budgets, key=_rank)
+    return attrs.evolve(top, retry_after=retry_after, budgets=tuple(budgets))
 
 
 #: The result for a response without any rate-limit header: every attribute is ``None``.
 EMPTY: Final = RateLimitInfo()
-
-
-@attrs.frozen
-class _Quota:
-    """The quota state reported by one header family."""
-
-    source: str
-    remaining: float | None = None
-    reset: float | None = None
-    limit: float | None = None
-    window: float | None = None
-    policy: str | None = None
-    partition_key: str | None = None
 
 
 @attrs.frozen
@@ -339,17 +542,26 @@ def parse(headers: _Headers, *, now: float, max_delay: float = 300.0) -> RateLim
     fields = _collect(headers)
     if not fields:
         return EMPTY
-    date = _earliest_date(fields.get(_DATE, ()), now)
     retry_after = _largest(
-        _retry_after_delay(value, now=now, date=date, max_delay=max_delay)
-        for value in fields.get(_RETRY_AFTER, ())
+        _clamp(milliseconds / 1000.0, max_delay)
+        for value in fields.get(_RETRY_AFTER_MS, ())
+        for milliseconds in (_number(value),)
+        if milliseconds is not None
     )
+    if retry_after is None:
+        date = _earliest_date(fields.get(_DATE, ()), now)
+        retry_after = _largest(
+            _retry_after_delay(value, now=now, date=date, max_delay=max_delay)
+            for value in fields.get(_RETRY_AFTER, ())
+        )
     states, dictionary_lines = _structured_items(fields.get(_RATELIMIT, ()))
     policies, _ = _structured_items(fields.get(_RATELIMIT_POLICY, ()))
     quota = _choose_quota(
         (
+            _budget_family("anthropic", _ANTHROPIC_BUDGETS, fields, _rfc3339_delay, now, max_delay),
+            _budget_family("openai", _OPENAI_BUDGETS, fields, _duration_delay, now, max_delay),
             _ietf_quota(states, policies, max_delay),
-            _legacy_quota(fields, dictionary_lines, max_delay),
+            _legacy_quota(fields, dictionary_lines, now, max_delay),
             _x_ratelimit_quota(fields, now, max_delay),
         )
     )
@@ -357,16 +569,7 @@ def parse(headers: _Headers, *, now: float, max_delay: float = 300.0) -> RateLim
         return EMPTY
     if quota is None:
         return RateLimitInfo(retry_after=retry_after)
-    return RateLimitInfo(
-        retry_after=retry_after,
-        reset=quota.reset,
-        remaining=quota.remaining,
-        limit=quota.limit,
-        window=quota.window,
-        policy=quota.policy,
-        partition_key=quota.partition_key,
-        source=quota.source,
-    )
+    return attrs.evolve(quota, retry_after=retry_after)
 
 
 def parse_retry_after(
@@ -554,6 +757,9 @@ def _field_values(name: object, value: object) -> Sequence[str | bytes | bytearr
 # Small parsers ---------------------------------------------------------------
 
 
+# Small parsers ---------------------------------------------------------------
+
+
 def _clamp(delay: float, max_delay: float) -> float:
     return min(max(delay, 0.0), max_delay)
 
@@ -632,16 +838,6 @@ def _smallest_limit(
     return min(found, key=lambda limit: limit[0])
 
 
-def _to_epoch(year: int, month: int, day: int, hour: int, minute: int, second: int) -> float | None:
-    if hour > 23 or minute > 59 or second > 60:
-        return None
-    try:
-        datetime.date(year, month, day)
-    except ValueError:
-        return None
-    return float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
-
-
 def _utc_year(now: float) -> int | None:
     try:
         return (_EPOCH + datetime.timedelta(seconds=now)).year
@@ -650,28 +846,29 @@ def _utc_year(now: float) -> int | None:
 
 
 def _http_date(text: str, now: float) -> float | None:
-    """Parse an HTTP-date in any of its three forms into epoch seconds."""
+    """Parse an HTTP-date in any of its three forms into epoch seconds.
+
+    :func:`email.utils.parsedate_to_datetime` reads all three (and is lenient
+    about the rest, as RFC 9110 encourages); a two-digit RFC 850 year is then
+    placed as RFC 9110 asks, relative to ``now``. A date without a zone is UTC.
+    """
     text = text.strip(_OWS)
-    if len(text) > 40:
+    if not text or len(text) > _MAX_DATE_LENGTH:
         return None
-    match = _IMF_FIXDATE.fullmatch(text)
-    if match is not None:
-        day, month, year, hour, minute, second = match.groups()
-        return _to_epoch(int(year), _month(month), int(day), int(hour), int(minute), int(second))
-    match = _RFC850_DATE.fullmatch(text)
-    if match is not None:
-        day, month, two_digit_year, hour, minute, second = match.groups()
-        year = _full_year(int(two_digit_year), now)
-        return _to_epoch(year, _month(month), int(day), int(hour), int(minute), int(second))
-    match = _ASCTIME_DATE.fullmatch(text)
-    if match is not None:
-        month, day, hour, minute, second, year = match.groups()
-        return _to_epoch(int(year), _month(month), int(day), int(hour), int(minute), int(second))
-    return None
-
-
-def _month(name: str) -> int:
-    return _MONTHS.index(name.lower()) + 1
+    try:
+        moment = email.utils.parsedate_to_datetime(text)
+    except Exception:  # the standard library's parser fed hostile input: "invalid"
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=_UTC)
+    short_year = _RFC850_DAY.search(text)
+    if short_year is not None:
+        year = _full_year(int(short_year.group(1)), now)
+        try:
+            moment = moment.replace(year=year)
+        except ValueError:  # 29 February of a year that has none
+            return None
+    return (moment - _EPOCH).total_seconds()
 
 
 def _full_year(two_digit_year: int, now: float) -> int:
@@ -716,6 +913,61 @@ def _retry_after_delay(
         if seconds is not None:
             return _clamp(seconds, max_delay)
     return None
+
+
+def _reset_delays(value: str, now: float) -> Iterator[float]:
+    """Yield the delays of a reset value: delta seconds, epoch seconds or ms, or an HTTP-date.
+
+    The delays are not clamped (a past time gives a negative delay).
+    """
+    date = _http_date(value, now)
+    if date is not None:
+        yield date - now
+        return
+    for number in _numbers(value):
+        if number > 1e12:
+            yield number / 1000 - now
+        elif number > 1e9:
+            yield number - now
+        else:
+            yield number
+
+
+def _duration_delay(value: str, now: float) -> float | None:
+    """A Go duration (``6m0s``, ``20ms``, ``1h2m3.5s``) or plain seconds, in seconds."""
+    text = value.strip(_OWS)
+    if len(text) > _MAX_DATE_LENGTH:
+        return None
+    seconds = _number(text)
+    if seconds is not None:
+        return seconds
+    if _GO_DURATION.fullmatch(text) is None:
+        return None
+    return sum(float(number) * _GO_UNITS[unit] for number, unit in _GO_PART.findall(text))
+
+
+def _rfc3339_delay(value: str, now: float) -> float | None:
+    """An RFC 3339 date-time (``2025-01-01T00:01:00Z``) as seconds from ``now``."""
+    text = value.strip(_OWS)
+    if len(text) > _MAX_DATE_LENGTH:
+        return None
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second, fraction, sign, zone_h, zone_m = match.groups()
+    try:
+        moment = datetime.datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second), tzinfo=_UTC
+        )
+    except ValueError:
+        return None
+    epoch = (moment - _EPOCH).total_seconds() + (float(fraction) if fraction else 0.0)
+    if sign is not None:
+        offset = int(zone_h) * 3600 + int(zone_m) * 60
+        if int(zone_h) > 23 or int(zone_m) > 59:
+            return None
+        epoch -= offset if sign == "+" else -offset
+    return epoch - now
 
 
 # Header families -------------------------------------------------------------
@@ -818,8 +1070,8 @@ class _Policy:
 
 def _ietf_quota(
     states: Sequence[_PolicyItem], policy_items: Sequence[_PolicyItem], max_delay: float
-) -> _Quota | None:
-    """The draft-10 quota: the most restrictive ``RateLimit`` item and its policy."""
+) -> RateLimitInfo | None:
+    """The draft-10 quota: one budget per ``RateLimit`` item, with its policy."""
     policies: dict[str, _Policy] = {}
     for item in policy_items:
         quota = _structured_number(item.params.get("q"))
@@ -831,74 +1083,102 @@ def _ietf_quota(
             partition_key = _structured_text(item.params.get("pk"))
             policies[item.name] = _Policy(item.name, quota, window, partition_key)
 
-    best: tuple[tuple[float, float], _PolicyItem, float, float | None] | None = None
+    budgets: dict[str, RateLimitInfo] = {}
     for item in states:
         remaining = _structured_number(item.params.get("r"))
         if remaining is None:
             continue
         reset = _structured_number(item.params.get("t"))
-        rank = (remaining, math.inf if reset is None else -reset)
-        if best is None or rank < best[0]:
-            best = (rank, item, remaining, reset)
-
-    if best is None:
-        if not policies:
-            return None
-        timed = [policy for policy in policies.values() if policy.window is not None]
-        chosen = min(timed or policies.values(), key=_Policy.rate)
-        return _Quota(
-            "ietf",
-            limit=chosen.quota,
-            window=chosen.window,
-            policy=chosen.name,
-            partition_key=chosen.partition_key,
+        policy = policies.get(item.name)
+        partition_key = _structured_text(item.params.get("pk"))
+        if partition_key is None and policy is not None:
+            partition_key = policy.partition_key
+        budget = RateLimitInfo(
+            remaining=remaining,
+            reset=None if reset is None else _clamp(reset, max_delay),
+            interval=_interval(remaining, reset, max_delay),
+            limit=None if policy is None else policy.quota,
+            window=None if policy is None else policy.window,
+            policy=item.name,
+            partition_key=partition_key,
+            source="ietf",
+            budget=item.name,
         )
-
-    _, item, remaining, reset = best
-    policy = policies.get(item.name)
-    partition_key = _structured_text(item.params.get("pk"))
-    if partition_key is None and policy is not None:
-        partition_key = policy.partition_key
-    return _Quota(
-        "ietf",
-        remaining=remaining,
-        reset=None if reset is None else _clamp(reset, max_delay),
-        limit=None if policy is None else policy.quota,
-        window=None if policy is None else policy.window,
-        policy=item.name,
-        partition_key=partition_key,
+        known_budget = budgets.get(item.name)
+        if known_budget is None or _rank(budget) < _rank(known_budget):
+            budgets[item.name] = budget
+    if budgets:
+        return _with_budgets(tuple(budgets.values()), None)
+    if not policies:
+        return None
+    timed = [policy for policy in policies.values() if policy.window is not None]
+    chosen = min(timed or policies.values(), key=_Policy.rate)
+    return RateLimitInfo(
+        limit=chosen.quota,
+        window=chosen.window,
+        policy=chosen.name,
+        partition_key=chosen.partition_key,
+        source="ietf",
     )
 
 
-def _quota_from(
+def _interval(remaining: float | None, reset: float | None, max_delay: float) -> float | None:
+    """The pace from the reset the server sent, clamped only then."""
+    interval = _spread(remaining, None if reset is None else max(reset, 0.0))
+    return None if interval is None else _clamp(interval, max_delay)
+
+
+def _quota(
     source: str,
     remaining: Sequence[float],
     resets: Sequence[float],
     limits: Iterable[tuple[float, float | None] | None],
+    used: Sequence[float],
     max_delay: float,
-) -> _Quota | None:
-    """Combine repeated values the careful way: least remaining, latest reset."""
+    budget: str | None = None,
+) -> RateLimitInfo | None:
+    """Combine repeated values the careful way: least remaining, latest reset, smallest limit.
+
+    ``used`` (units spent) completes what is missing: the remaining units as
+    ``limit - used``, or the limit as ``remaining + used``.
+    """
     limit, window = _smallest_limit(limits)
-    if not remaining and not resets and limit is None:
+    left = min(remaining) if remaining else None
+    spent = max(used) if used else None
+    if spent is not None:
+        if left is None and limit is not None:
+            left = max(0.0, limit - spent)
+        elif limit is None and left is not None and left + spent > 0:
+            limit = left + spent
+    if left is None and not resets and limit is None:
         return None
-    return _Quota(
-        source,
-        remaining=min(remaining) if remaining else None,
-        reset=_clamp(max(resets), max_delay) if resets else None,
+    reset = max(resets) if resets else None
+    return RateLimitInfo(
+        remaining=left,
+        reset=None if reset is None else _clamp(reset, max_delay),
+        interval=_interval(left, reset, max_delay),
         limit=limit,
         window=window,
+        source=source,
+        budget=budget,
     )
 
 
 def _legacy_quota(
-    fields: Mapping[str, Sequence[str]], dictionary_lines: Sequence[str], max_delay: float
-) -> _Quota | None:
+    fields: Mapping[str, Sequence[str]],
+    dictionary_lines: Sequence[str],
+    now: float,
+    max_delay: float,
+) -> RateLimitInfo | None:
     """The older drafts: ``RateLimit-Limit/-Remaining/-Reset`` and the dictionary form."""
     remaining = [
         number for value in fields.get(_LEGACY_REMAINING, ()) for number in _numbers(value)
     ]
-    resets = [number for value in fields.get(_LEGACY_RESET, ()) for number in _numbers(value)]
+    resets = [
+        delay for value in fields.get(_LEGACY_RESET, ()) for delay in _reset_delays(value, now)
+    ]
     limits = [_limit_and_window(value) for value in fields.get(_LEGACY_LIMIT, ())]
+    used = [number for value in fields.get(_LEGACY_OBSERVED, ()) for number in _numbers(value)]
     for line in dictionary_lines:
         for member in _members(line):
             key, separator, value = member.partition("=")
@@ -915,27 +1195,12 @@ def _legacy_quota(
                 remaining.append(number)
             elif key == "reset":
                 resets.append(number)
-    return _quota_from("ietf-legacy", remaining, resets, limits, max_delay)
-
-
-def _x_reset(value: str, now: float) -> Iterator[float]:
-    """Yield the delays of an ``X-RateLimit-Reset`` value (delta, epoch s or ms, or date)."""
-    date = _http_date(value, now)
-    if date is not None:
-        yield date - now
-        return
-    for number in _numbers(value):
-        if number > 1e12:
-            yield number / 1000 - now
-        elif number > 1e9:
-            yield number - now
-        else:
-            yield number
+    return _quota("ietf-legacy", remaining, resets, limits, used, max_delay)
 
 
 def _x_ratelimit_quota(
     fields: Mapping[str, Sequence[str]], now: float, max_delay: float
-) -> _Quota | None:
+) -> RateLimitInfo | None:
     """The de facto ``X-RateLimit-*`` and ``X-Rate-Limit-*`` fields."""
     remaining = [
         number
@@ -947,14 +1212,42 @@ def _x_ratelimit_quota(
         delay
         for name in _X_RESET
         for value in fields.get(name, ())
-        for delay in _x_reset(value, now)
+        for delay in _reset_delays(value, now)
     ]
     resets.extend(number for value in fields.get(_X_RESET_AFTER, ()) for number in _numbers(value))
     limits = [_limit_and_window(value) for name in _X_LIMIT for value in fields.get(name, ())]
-    return _quota_from("x-ratelimit", remaining, resets, limits, max_delay)
+    used = [number for value in fields.get(_X_USED, ()) for number in _numbers(value)]
+    return _quota("x-ratelimit", remaining, resets, limits, used, max_delay)
 
 
-def _choose_quota(quotas: Iterable[_Quota | None]) -> _Quota | None:
+def _budget_family(
+    source: str,
+    names: Mapping[str, tuple[str, str, str]],
+    fields: Mapping[str, Sequence[str]],
+    reset_delay: Callable[[str, float], float | None],
+    now: float,
+    max_delay: float,
+) -> RateLimitInfo | None:
+    """A family that reports named budgets in ``{limit, remaining, reset}`` fields each."""
+    budgets = []
+    for budget, (limit_name, remaining_name, reset_name) in names.items():
+        remaining = [
+            number for value in fields.get(remaining_name, ()) for number in _numbers(value)
+        ]
+        resets = [
+            delay
+            for value in fields.get(reset_name, ())
+            for delay in (reset_delay(value, now),)
+            if delay is not None
+        ]
+        limits = [_limit_and_window(value) for value in fields.get(limit_name, ())]
+        quota = _quota(source, remaining, resets, limits, (), max_delay, budget)
+        if quota is not None:
+            budgets.append(quota)
+    return _with_budgets(budgets, None) if budgets else None
+
+
+def _choose_quota(quotas: Iterable[RateLimitInfo | None]) -> RateLimitInfo | None:
     """The first family reporting remaining or reset, else the first with a limit."""
     present = [quota for quota in quotas if quota is not None]
     for quota in present:
