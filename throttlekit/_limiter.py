@@ -196,6 +196,7 @@ class Permit:
         consumed: Mapping[str, float] | None = None,
         adjust_delay: bool | None = None,
         scopes: Iterable[str] | None = None,
+        budgets: Mapping[str, str] | None = None,
     ) -> Feedback:
         """Report how the request went, so the scope's controllers can react.
 
@@ -216,6 +217,13 @@ class Permit:
             (e.g. an upstream status that concerns the target site's scope,
             not the scraping API's); default: all of them. ``consumed``
             applies regardless.
+        :param budgets: which of the permit's scopes tracks which budget the
+            server reports, ``{budget: scope}`` (e.g. ``{"tokens":
+            "openai-tokens"}``): that scope learns only its budget, counted in
+            requests of its cost, and the other scopes learn the rest (see
+            :meth:`throttlekit.headers.RateLimitInfo.for_scopes`). In memory
+            only: the Redis backend keeps the last record of a permit, which
+            is the one for the scopes that track no named budget.
         :returns: the :class:`Feedback` that was recorded.
         """
         lease = self._lease
@@ -247,7 +255,23 @@ class Permit:
             adjust_delay=adjust_delay,
             scopes=None if scopes is None else _only(scopes, lease.scopes),
         )
-        limiter._backend.record(lease, feedback, consumed)
+        info = feedback.rate_limit
+        if budgets and info is not None:
+            # Each scope learns the budget it tracks: one record per distinct view,
+            # the view of the scopes tracking no named budget last, with ``consumed``.
+            views = info.for_scopes(lease.scopes, budgets)
+            rest = info.excluding(budgets.keys())
+            groups: dict[Any, set[str]] = {rest: set()}
+            for scope, view in views.items():
+                if feedback.scopes is None or scope in feedback.scopes:
+                    groups.setdefault(view, set()).add(scope)
+            parts = [*list(groups.items())[1:], (rest, groups[rest])]
+            for index, (view, group) in enumerate(parts):
+                part = attrs.evolve(feedback, rate_limit=view, scopes=frozenset(group))
+                last = index == len(parts) - 1
+                limiter._backend.record(lease, part, consumed if last else None)
+        else:
+            limiter._backend.record(lease, feedback, consumed)
         self.recorded = True
         return feedback
 
