@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -14,7 +16,15 @@ from ._backoff import DEFAULT_BACKOFF_EXCEPTIONS, DEFAULT_BACKOFF_HTTP_CODES, Ba
 from ._policy import ScopePolicy
 from ._rampup import Rampup
 
-__all__ = ["DEFAULT_SETTINGS", "limiter_options", "read_bool", "read_float", "read_int"]
+__all__ = [
+    "DEFAULT_SETTINGS",
+    "limiter_options",
+    "misspelt_settings",
+    "read_bool",
+    "read_float",
+    "read_int",
+    "warn_misspelt_settings",
+]
 
 #: Every setting :meth:`Limiter.from_settings` reads, with its default.
 DEFAULT_SETTINGS: dict[str, Any] = {
@@ -41,6 +51,22 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "AUTOTHROTTLE_TARGET_CONCURRENCY": 1.0,
     "AUTOTHROTTLE_DEBUG": False,
 }
+
+#: Names throttlekit reads besides :data:`DEFAULT_SETTINGS`: the Scrapy
+#: middleware's own settings and Scrapy's jitter setting.
+OTHER_SETTINGS = frozenset(
+    {
+        "DOWNLOAD_DELAY_JITTER",
+        "THROTTLING_ENABLED",
+        "THROTTLING_LIMITER",
+        "THROTTLING_MAX_WAITING",
+        "THROTTLING_RESOLVER",
+        "THROTTLING_ROBOTSTXT_OBEY",
+    }
+)
+#: A setting whose name starts with one of these and that nothing reads is
+#: most likely a misspelling of one that something does.
+CHECKED_PREFIXES = ("DOWNLOAD_DELAY", "AUTOTHROTTLE_", "BACKOFF_", "RAMPUP_", "THROTTLING_")
 
 _POLICY_KEYS = {
     "concurrency": "concurrency",
@@ -73,6 +99,37 @@ _BACKOFF_KEYS = (
 )
 _AUTOTHROTTLE_KEYS = ("start_delay", "max_delay", "target_concurrency", "debug")
 _RAMPUP_KEYS = ("target", "window", "min_delay", "max_concurrency", "concurrency_factor")
+
+
+def misspelt_settings(names: Iterable[Any], known: Iterable[str] = ()) -> dict[str, str]:
+    """The names of a throttling family that nothing reads, each with the closest known name.
+
+    A name is checked when it starts with one of :data:`CHECKED_PREFIXES`
+    (``DOWNLOAD_DELAY*``, ``AUTOTHROTTLE_*``, ``BACKOFF_*``, ``RAMPUP_*``,
+    ``THROTTLING_*``); ``known`` adds names read by someone else (e.g. the
+    crawler framework's own settings).
+    """
+    readable = {*DEFAULT_SETTINGS, *OTHER_SETTINGS, *known}
+    candidates = sorted(readable)
+    found = {}
+    for name in names:
+        if not isinstance(name, str) or name in readable or not name.startswith(CHECKED_PREFIXES):
+            continue
+        closest = difflib.get_close_matches(name, candidates, n=1, cutoff=0.0)
+        found[name] = closest[0]
+    return found
+
+
+def warn_misspelt_settings(
+    names: Iterable[Any], known: Iterable[str] = (), *, stacklevel: int = 1
+) -> None:
+    """Warn (``UserWarning``) about each name :func:`misspelt_settings` finds."""
+    for name, closest in misspelt_settings(names, known).items():
+        warnings.warn(
+            f"unknown setting {name}, ignored: did you mean {closest}?",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
 
 
 def _get(settings: Mapping[str, Any], name: str) -> Any:
@@ -228,9 +285,11 @@ def _controller_option(
     if key in ("manager", "controllers"):
         items = value if isinstance(value, (list, tuple)) else [value]
         return {"controllers": tuple(_import(item, where) for item in items)}
-    base = defaults[key]
     if value is None or value is False:
         return {key: None}
+    base = defaults[key]
+    if callable(base):
+        base = defaults[key] = base()
     if value is True:
         return {key: base}
     if not isinstance(value, Mapping):
@@ -248,18 +307,23 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
 
     ``settings`` is any mapping (or Scrapy's ``Settings``); missing names take
     the defaults in :data:`DEFAULT_SETTINGS`. Invalid values raise
-    :class:`ValueError`/:class:`TypeError` naming the setting.
+    :class:`ValueError`/:class:`TypeError` naming the setting; a misspelt
+    name warns (:func:`warn_misspelt_settings`). The ``AUTOTHROTTLE_*``
+    values are checked only when AutoThrottle is enabled, globally or for
+    a scope.
     """
+    warn_misspelt_settings(settings, stacklevel=3)  # the caller of Limiter.from_settings
     backoff = _default_backoff(settings)
     autothrottle = None
     if read_bool(_get(settings, "AUTOTHROTTLE_ENABLED"), "AUTOTHROTTLE_ENABLED"):
         autothrottle = _default_autothrottle(settings)
     target = _rampup_target(_get(settings, "RAMPUP_BACKOFF_TARGET"), "RAMPUP_BACKOFF_TARGET")
     rampup = _built(Rampup, {"target": target}, "RAMPUP_BACKOFF_TARGET")
-    defaults = {
+    defaults: dict[str, Any] = {
         "backoff": backoff,
         "rampup": rampup,
-        "autothrottle": autothrottle or _default_autothrottle(settings),
+        # Built (and checked) only if a scope enables it.
+        "autothrottle": autothrottle or (lambda: _default_autothrottle(settings)),
     }
     try:
         default = ScopePolicy(
