@@ -69,21 +69,24 @@ import asyncio
 import inspect
 import logging
 import math
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import anyio
 
 from .. import scopes as _scopes
 from .._limiter import Limiter
-from .._settings import DEFAULT_SETTINGS
+from .._policy import ScopePolicy
+from .._settings import DEFAULT_SETTINGS, warn_misspelt_settings
 from ._common import HeldPermit, missing_extra
 
 try:
     from scrapy import signals
     from scrapy.exceptions import IgnoreRequest, NotConfigured
     from scrapy.http import Request, Response
-    from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
+    from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings, default_settings
     from scrapy.utils.misc import load_object
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise missing_extra("throttlekit.adapters.scrapy", "Scrapy >= 2.13", "scrapy") from exc
@@ -106,6 +109,16 @@ WAITED_THRESHOLD = 0.001
 SWEEP_INTERVAL = 5.0
 #: How often (seconds) waiting requests check whether the engine is closing the spider.
 CLOSE_CHECK_INTERVAL = 0.5
+#: The request meta key that exempts a request from scope throttling.
+DONT_THROTTLE = "dont_throttle"
+#: The scope of requests with ``dont_throttle``: no limit, no controller.
+UNTHROTTLED_SCOPE = "(not throttled)"
+#: Meta key: the download slot Scrapy's downloader gave an earlier attempt of a
+#: request (a retry or redirect copies the meta), as opposed to a slot set by the
+#: user or a plugin, which is the request's scope.
+_ASSIGNED_SLOT = "_throttlekit_assigned_slot"
+#: The throttlekit-family names Scrapy itself reads (not misspellings).
+_SCRAPY_SETTINGS = frozenset(name for name in dir(default_settings) if name.isupper())
 
 
 def limiter_from_settings(settings: BaseSettings) -> Limiter:
@@ -247,6 +260,7 @@ class ThrottlingMiddleware:
         settings = crawler.settings
         if not settings.getbool("THROTTLING_ENABLED", True):
             raise NotConfigured("THROTTLING_ENABLED is off")
+        warn_misspelt_settings(settings, _SCRAPY_SETTINGS)
         if not _asyncio_available():
             raise RuntimeError(
                 "throttlekit's Scrapy middleware needs asyncio: set TWISTED_REACTOR = "
@@ -264,6 +278,8 @@ class ThrottlingMiddleware:
                     raise TypeError(
                         f"THROTTLING_LIMITER must return a throttlekit.Limiter, got {limiter!r}"
                     )
+        if UNTHROTTLED_SCOPE not in limiter.policies:
+            limiter.set_policy(UNTHROTTLED_SCOPE, _UNTHROTTLED)
         self.crawler = crawler
         #: The live :class:`~throttlekit.Limiter`.
         self.limiter: Limiter = limiter
@@ -289,6 +305,8 @@ class ThrottlingMiddleware:
         connect(self._spider_closed, signal=signals.spider_closed)
         connect(self._request_reached_downloader, signal=signals.request_reached_downloader)
         robots_parsed = getattr(signals, "robots_parsed", None)
+        #: Whether robots.txt is read here (Scrapy < 2.14 has no robots_parsed signal).
+        self._parse_robots = self.obey_crawl_delay and robots_parsed is None
         if self.obey_crawl_delay and robots_parsed is not None:
             connect(self._robots_parsed, signal=robots_parsed)
 
@@ -310,8 +328,17 @@ class ThrottlingMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ThrottlingMiddleware:
-        """Scrapy's factory: build the middleware (and its limiter) for ``crawler``."""
-        return cls(crawler)
+        """Scrapy's factory: build the middleware (and its limiter) for ``crawler``.
+
+        A bad setting stops the crawl before it starts with one error line
+        naming it (also with ``--nolog``), instead of Scrapy's traceback of
+        the same error.
+        """
+        try:
+            return cls(crawler)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            _report_start_failure(crawler, exc)
+            raise
 
     def __repr__(self) -> str:
         return (
@@ -328,10 +355,13 @@ class ThrottlingMiddleware:
             # The same Request object is back without its previous download
             # having come through process_response/process_exception.
             await self._release_unfinished(stale)
+        scopes = _meta_scopes(request.meta)
         downloader = self._downloader()
         key = None
         if downloader is not None:
             key = downloader.get_slot_key(request)
+            if scopes is None:
+                request.meta[_ASSIGNED_SLOT] = key
             self._wait_in_slot(downloader, key, request)
         stats = self.stats
         self._waiting_count += 1
@@ -341,7 +371,9 @@ class ThrottlingMiddleware:
         self._arm_close_watch()
         try:
             with wait:
-                held = await HeldPermit.acquire(self.limiter, request, priority=request.priority)
+                held = await HeldPermit.acquire(
+                    self.limiter, request, priority=request.priority, scopes=scopes
+                )
         finally:
             self._wait_scopes.discard(wait)
             waited = anyio.current_time() - start
@@ -377,11 +409,14 @@ class ThrottlingMiddleware:
                     headers=response.headers,
                     latency=request.meta.get("download_latency"),
                     size=len(response.body),
+                    adjust_delay=self._adjusts_delay(request),
                 )
                 self._count_backoff_signal(held, feedback)
                 self.stats.inc_value(f"throttlekit/response_status_count/{response.status}")
             finally:
                 await held.release()
+        if self._parse_robots and _is_robots_txt(request):
+            await self._apply_crawl_delay(self._read_robots_txt(response), request)
         return response
 
     async def process_exception(
@@ -400,6 +435,21 @@ class ThrottlingMiddleware:
                 await held.release()
 
     # -- bookkeeping ---------------------------------------------------------------
+
+    def _adjusts_delay(self, request: Request) -> bool:
+        """Scrapy's AutoThrottle rule: learn from a response only if it was timed
+        (``download_latency`` in the meta) in a download slot, and its request
+        did not set ``autothrottle_dont_adjust_delay`` to True."""
+        meta = request.meta
+        if meta.get("download_latency") is None:
+            return False
+        if meta.get("autothrottle_dont_adjust_delay", False) is True:
+            return False
+        key = meta.get("download_slot")
+        if key is None:
+            return False
+        downloader = self._downloader()
+        return downloader is None or key in downloader.slots
 
     def _downloader(self) -> Any:
         engine = getattr(self.crawler, "engine", None)
@@ -568,12 +618,37 @@ class ThrottlingMiddleware:
             await task
 
     async def _robots_parsed(self, robotparser: Any, request: Request) -> None:
+        """Apply the Crawl-delay of a robots.txt that Scrapy parsed (``robots_parsed``)."""
+        await self._apply_crawl_delay(robotparser.crawl_delay, request)
+
+    def _read_robots_txt(self, response: Response) -> Any:
+        """The ``crawl_delay(user_agent)`` of a robots.txt response, for a Scrapy
+        without the ``robots_parsed`` signal: from the ``ROBOTSTXT_PARSER`` if it
+        has one, else from Protego (Scrapy's default parser)."""
+        try:
+            parser = load_object(self.crawler.settings.get("ROBOTSTXT_PARSER")).from_crawler(
+                self.crawler, response.body
+            )
+            crawl_delay = getattr(parser, "crawl_delay", None)
+            if callable(crawl_delay):
+                return crawl_delay
+            from protego import Protego
+            from scrapy.robotstxt import decode_robotstxt
+
+            return Protego.parse(decode_robotstxt(response.body, None)).crawl_delay
+        except Exception:  # a parser failing must not stop the crawl
+            logger.exception("cannot parse robots.txt of %s", response.url)
+            return None
+
+    async def _apply_crawl_delay(self, crawl_delay: Any, request: Request) -> None:
         """Apply the Crawl-delay of a freshly parsed robots.txt to its host's scope."""
+        if crawl_delay is None:
+            return
         user_agent: Any = self._robots_user_agent or request.headers.get(
             b"User-Agent", self._default_user_agent
         )
         try:
-            delay = robotparser.crawl_delay(user_agent)
+            delay = crawl_delay(user_agent)
         except Exception:  # a third-party parser failing must not stop the crawl
             logger.exception("cannot read Crawl-delay from robots.txt of %s", request.url)
             return
@@ -608,3 +683,72 @@ def _middlewares_after(middleware: object, middlewares: Iterable[Any]) -> list[s
             cls = type(candidate)
             names.append(f"{cls.__module__}.{cls.__qualname__}")
     return names
+
+
+_UNTHROTTLED = ScopePolicy(
+    concurrency=None, delay=0.0, slot_delay=0.0, backoff=None, ignore_robots_txt=True
+)
+
+
+def _meta_scopes(meta: Any) -> Any:
+    """The scopes a request's meta asks for instead of its URL's, or ``None``.
+
+    ``throttling_scopes`` is read by the limiter itself; ``dont_throttle``
+    gives the unlimited :data:`UNTHROTTLED_SCOPE`; a ``download_slot`` set by
+    the user or a plugin (not one Scrapy's downloader gave an earlier
+    attempt) is the request's scope.
+    """
+    if meta.get("throttling_scopes") is not None:
+        return None
+    if meta.get(DONT_THROTTLE):
+        return UNTHROTTLED_SCOPE
+    slot = meta.get("download_slot")
+    if slot is None or slot == meta.get(_ASSIGNED_SLOT):
+        return None
+    return str(slot)
+
+
+def _is_robots_txt(request: Request) -> bool:
+    """Whether ``request`` is Scrapy's robots.txt request (RobotsTxtMiddleware's)."""
+    if not request.meta.get("dont_obey_robotstxt"):
+        return False
+    try:
+        return urlsplit(request.url).path == "/robots.txt"
+    except ValueError:
+        return False
+
+
+#: Exceptions already reported in one line by :func:`_report_start_failure`.
+_REPORTED: list[BaseException] = []
+
+
+def _report_start_failure(crawler: Crawler, exc: BaseException) -> None:
+    """Say in one line why the crawl cannot start, and keep Scrapy from adding
+    the traceback of the same error (asyncio's "Task exception was never
+    retrieved", Twisted's "Unhandled error in Deferred")."""
+    message = f"throttlekit: the crawl cannot start: {exc}"
+    logger.critical(message)
+    if not crawler.settings.getbool("LOG_ENABLED", True) and logger.hasHandlers():
+        # --nolog: Scrapy's handlers print nothing (without any handler,
+        # logging's last resort has printed the line already).
+        print(message, file=sys.stderr)
+    _REPORTED.append(exc)
+    for name in ("asyncio", "twisted"):
+        target = logging.getLogger(name)
+        if _drop_reported not in target.filters:
+            target.addFilter(_drop_reported)
+
+
+def _drop_reported(record: logging.LogRecord) -> bool:
+    """A logging filter: drop reports of an error :func:`_report_start_failure` reported."""
+    if not _REPORTED:
+        return True
+    error = record.exc_info[1] if record.exc_info else None
+    seen = 0
+    while error is not None and seen < 10:
+        if any(error is reported for reported in _REPORTED):
+            return False
+        error = error.__cause__ or error.__context__
+        seen += 1
+    text = record.getMessage()
+    return not any(str(reported) in text for reported in _REPORTED)
