@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 import pytest
+import scrapy
 from _server import Hang, Hit, LocalServer, Reply, Script, describe
 from scrapy import Spider
 from scrapy.crawler import Crawler
@@ -84,6 +85,7 @@ def crawl(
     urls: list[str | dict[str, Any]],
     *,
     sweep_interval: float | None = None,
+    without_robots_parsed: bool = False,
 ) -> Crawl:
     """Crawl ``urls`` (paths like ``"a.test/p1"``, or request dicts) in a subprocess."""
     requests = []
@@ -94,6 +96,8 @@ def crawl(
     plan: dict[str, Any] = {"settings": settings, "requests": requests}
     if sweep_interval is not None:
         plan["sweep_interval"] = sweep_interval
+    if without_robots_parsed:
+        plan["without_robots_parsed"] = True
     number = len(list(tmp_path.glob("plan-*.json")))
     plan_file = tmp_path / f"plan-{number}.json"
     result_file = tmp_path / f"result-{number}.json"
@@ -325,7 +329,19 @@ def test_cache_hits_do_not_wait(server: LocalServer, tmp_path: Path) -> None:
 # -- robots.txt Crawl-delay ---------------------------------------------------------------------
 
 
-def test_robots_txt_crawl_delay_applies_to_its_host(server: LocalServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "robots_parsed",
+    [
+        pytest.param(True, id="robots_parsed-signal"),
+        # As on a Scrapy without the signal (< 2.14): the middleware reads robots.txt.
+        pytest.param(False, id="robotstxt-read-by-the-middleware"),
+    ],
+)
+def test_robots_txt_crawl_delay_applies_to_its_host(
+    server: LocalServer, tmp_path: Path, robots_parsed: bool
+) -> None:
+    if robots_parsed and not hasattr(scrapy.signals, "robots_parsed"):
+        pytest.skip(f"Scrapy {scrapy.__version__} has no robots_parsed signal")
     server.route("c.test", "/robots.txt", Reply(body=b"User-agent: *\nCrawl-delay: 0.4\n"))
     server.route("d.test", "/robots.txt", Reply(body=b"User-agent: *\nDisallow: /private\n"))
     # (No request to d.test/private: Scrapy 2.19 lets some through when they
@@ -337,7 +353,7 @@ def test_robots_txt_crawl_delay_applies_to_its_host(server: LocalServer, tmp_pat
         "DOWNLOAD_DELAY": 0,
     }
     urls = [f"{host}.test/{n}" for n in range(3) for host in "cd"]
-    result = crawl(server, tmp_path, settings, urls)
+    result = crawl(server, tmp_path, settings, urls, without_robots_parsed=not robots_parsed)
     assert result.statuses() == [200] * 6
 
     hits = server.hits("c.test")
@@ -475,9 +491,124 @@ def test_autothrottle_settings_drive_throttlekits_controller(
 def test_a_reactor_without_asyncio_is_refused(server: LocalServer, tmp_path: Path) -> None:
     settings = {**EXACT, "TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor"}
     result = crawl(server, tmp_path, settings, ["a.test/1"])
-    assert "RuntimeError: throttlekit's Scrapy middleware needs asyncio" in result.log
+    assert "the crawl cannot start: throttlekit's Scrapy middleware needs asyncio" in result.log
+    assert "Traceback" not in result.log
     assert result.stats == {}
     assert server.hits() == []
+
+
+# -- download_slot, dont_throttle, misspelt and bad settings ---------------------------------------
+
+
+def test_download_slot_meta_is_the_requests_scope(server: LocalServer, tmp_path: Path) -> None:
+    # The first request to c.test fails with a 500 that Scrapy retries; the
+    # retry carries the download slot Scrapy's downloader gave the first
+    # attempt, which must not move it out of its host's scope.
+    server.route("c.test", "/0", Script(Reply(status=500), then=Reply()))
+    settings = {
+        **EXACT,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "DOWNLOAD_DELAY": 0,
+        "THROTTLING_SCOPES": {
+            "shared": {"concurrency": 1, "delay": 0.3},
+            scope(server, "c.test"): {"concurrency": 1, "delay": 0.4},
+        },
+    }
+    shared = {"download_slot": "shared"}
+    urls: list[str | dict[str, Any]] = [
+        {"url": f"{host}.test/{n}", "meta": shared} for n in range(3) for host in "ab"
+    ]
+    urls += [f"c.test/{n}" for n in range(3)]
+    result = crawl(server, tmp_path, settings, urls)
+    assert result.statuses() == [200] * 9
+
+    # a.test and b.test share the scope "shared": one at a time, 0.3 s apart.
+    hits = sorted(server.hits("a.test") + server.hits("b.test"), key=lambda hit: hit.arrived)
+    for earlier, later in itertools.pairwise(hits):
+        assert earlier.finished is not None
+        assert later.arrived >= earlier.finished, table(hits)
+    assert_spaced(hits, 0.3)
+
+    # c.test, retry included, stays in its host's scope: 0.4 s apart.
+    hits = server.hits("c.test")
+    assert [hit.status for hit in hits].count(500) == 1, table(hits)
+    assert len(hits) == 4, table(hits)
+    assert_spaced(hits, 0.4)
+
+
+def test_dont_throttle_skips_scopes_but_not_concurrent_requests(
+    server: LocalServer, tmp_path: Path
+) -> None:
+    server.route("a.test", behaviour=Reply(latency=0.2))
+    settings = {
+        **EXACT,
+        "CONCURRENT_REQUESTS": 2,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 1.0,
+        "DOWNLOAD_DELAY_PERSLOT": 0.5,  # misspelt: warned about, ignored
+    }
+    free = {"dont_throttle": True}
+    urls: list[str | dict[str, Any]] = [{"url": f"a.test/free{n}", "meta": free} for n in range(6)]
+    urls += ["a.test/t0", "a.test/t1"]
+    result = crawl(server, tmp_path, settings, urls)
+    assert result.statuses() == [200] * 8
+    hits = server.hits("a.test")
+    free_hits = [hit for hit in hits if hit.path.startswith("/free")]
+    # Six exempt requests in about three rounds of 0.2 s, not one a second ...
+    assert max(h.arrived for h in free_hits) - min(h.arrived for h in free_hits) < 1.0, table(hits)
+    # ... yet never more than CONCURRENT_REQUESTS = 2 in flight in all.
+    assert server.max_in_flight("a.test") == 2, table(hits)
+    # The throttled ones keep DOWNLOAD_DELAY between them.
+    assert_spaced([hit for hit in hits if hit.path.startswith("/t")], 1.0)
+    assert (
+        "unknown setting DOWNLOAD_DELAY_PERSLOT, ignored: did you mean DOWNLOAD_DELAY_PER_SLOT?"
+        in result.log
+    )
+
+
+BAD_SETTING_SPIDER = """
+import scrapy
+
+
+class Spider(scrapy.Spider):
+    name = "bad-setting"
+    custom_settings = {
+        "DOWNLOADER_MIDDLEWARES": {"throttlekit.adapters.scrapy.ThrottlingMiddleware": 950},
+        "TELNETCONSOLE_ENABLED": False,
+    }
+
+    async def start(self):
+        yield scrapy.Request("http://127.0.0.1:9/never")
+"""
+
+
+@pytest.mark.parametrize("nolog", [False, True], ids=["log", "nolog"])
+def test_a_bad_setting_stops_the_crawl_with_one_line(tmp_path: Path, nolog: bool) -> None:
+    spider = tmp_path / "spider.py"
+    spider.write_text(BAD_SETTING_SPIDER)
+    command = [sys.executable, "-m", "scrapy", "runspider", str(spider), "-s", "DOWNLOAD_DELAY=-1"]
+    if nolog:
+        command.append("--nolog")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    process = subprocess.run(
+        command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60, check=False
+    )
+    output = process.stdout + process.stderr
+    assert process.returncode == 1, output
+    assert "Traceback" not in output, output
+    message = (
+        "throttlekit: the crawl cannot start: invalid throttling settings: "
+        "DOWNLOAD_DELAY: delay must be a finite number >= 0, got -1.0"
+    )
+    if nolog:
+        assert output.strip() == message
+    else:
+        lines = [line for line in output.splitlines() if "DOWNLOAD_DELAY:" in line]
+        assert len(lines) == 1, output
+        assert lines[0].endswith(f"[throttlekit.adapters.scrapy] CRITICAL: {message}"), output
 
 
 # -- building the limiter from Scrapy settings (in process, no crawl) ---------------------------

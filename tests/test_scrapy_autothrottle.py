@@ -15,12 +15,12 @@ the skip rules and the debug line. Each runs
 
 Where throttlekit deliberately differs, one line says so:
 
-* DIFFERENCE (default DOWNLOAD_DELAY): a plain dict without it takes the seed's 1.0, not Scrapy's 0.
-* DIFFERENCE (bad target concurrency): AutoThrottle enabled with a target <= 0 raises ValueError naming it; Scrapy disables the extension.
-* DIFFERENCE (logger): the debug line is logged by ``throttlekit.autothrottle``, not ``scrapy.extensions.throttle``.
-* DIFFERENCE (debug "conc"): the scope's requests in flight (1 here), where Scrapy shows its slot's transfers (a mock's 2).
-* DIFFERENCE (no latency, outside Scrapy): Permit.record without a latency times the response from the grant, so it adjusts.
-* DIFFERENCE (no download slot, outside Scrapy): the Limiter has no download slots, so a timed response adjusts.
+* DIFFERENCE (default DOWNLOAD_DELAY): a plain dict without it has the seed's 1.0, not 0.
+* DIFFERENCE (bad target concurrency): <= 0 raises naming it; Scrapy disables the extension.
+* DIFFERENCE (logger): the debug line's logger is throttlekit.autothrottle.
+* DIFFERENCE (debug "conc"): the scope's requests in flight, not the slot's transfers.
+* DIFFERENCE (no latency, outside Scrapy): Permit.record times the response from the grant.
+* DIFFERENCE (no download slot, outside Scrapy): the Limiter has none; a timed response adjusts.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ async def respond(
             before = limiter.scope_statistics("example.com")
             permit.record(response, latency=meta.get("download_latency"), size=len(body))
             after = limiter.scope_statistics("example.com")
-    assert before is not None and after is not None
+    assert before is not None
+    assert after is not None
     return before.delay, after.delay
 
 
@@ -155,11 +156,11 @@ async def test_enabled(way: str, value: object, expected: bool) -> None:
 async def test_target_concurrency_invalid(way: str, value: float) -> None:
     settings = enabled({"AUTOTHROTTLE_TARGET_CONCURRENCY": value})
     # DIFFERENCE (bad target concurrency): an error naming the setting, not a disabled extension.
-    with pytest.raises(ValueError, match="AUTOTHROTTLE_TARGET_CONCURRENCY"):
-        if way == "middleware":
-            async with middleware_of(settings):
-                pass
-        else:
+    if way == "middleware":
+        with pytest.raises(ValueError, match="AUTOTHROTTLE_TARGET_CONCURRENCY"):
+            await middleware_of(settings).__aenter__()
+    else:
+        with pytest.raises(ValueError, match="AUTOTHROTTLE_TARGET_CONCURRENCY"):
             limiter_of(way, settings)
 
 
@@ -385,13 +386,13 @@ async def test_debug(way: str, caplog: pytest.LogCaptureFixture) -> None:
         await respond(way, settings, timed(1.0), body=b"foo")
     # The middleware's scope is the request's download_slot; the Limiter's, its host.
     slot = "foo" if way == "middleware" else "example.com"
+    line = f"slot: {slot} | conc: 1 | delay: 1500 ms (-500) | latency: 1000 ms | size:     3 bytes"
     records = [record for record in caplog.record_tuples if record[0] == "throttlekit.autothrottle"]
     assert records == [
         (
             "throttlekit.autothrottle",  # DIFFERENCE (logger)
             logging.INFO,
-            # DIFFERENCE (debug "conc"): 1, the request in flight.
-            f"slot: {slot} | conc: 1 | delay: 1500 ms (-500) | latency: 1000 ms | size:     3 bytes",
+            line,  # DIFFERENCE (debug "conc"): 1, the request in flight.
         )
     ]
 

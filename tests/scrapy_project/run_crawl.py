@@ -4,7 +4,9 @@ Usage: ``python run_crawl.py plan.json result.json``
 
 ``plan.json`` holds ``settings`` (Scrapy settings), ``requests`` (the
 :class:`loopback.PlanSpider` plan) and optionally ``sweep_interval`` (seconds
-between the middleware's checks for leaked permits). ``result.json`` gets the
+between the middleware's checks for leaked permits) and
+``without_robots_parsed`` (true: the middleware reads robots.txt itself, as
+on a Scrapy without the ``robots_parsed`` signal). ``result.json`` gets the
 final ``stats`` and the spider's ``outcomes``.
 """
 
@@ -27,10 +29,12 @@ def _jsonable(value: Any) -> Any:
 
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
-    if "sweep_interval" in plan:
-        import throttlekit.adapters.scrapy as adapter
+    import throttlekit.adapters.scrapy as adapter
 
+    if "sweep_interval" in plan:
         adapter.SWEEP_INTERVAL = plan["sweep_interval"]
+    if plan.get("without_robots_parsed"):
+        adapter.ROBOTS_PARSED_SIGNAL = None
     settings = {
         "TWISTED_DNS_RESOLVER": "loopback.LoopbackResolver",
         "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",

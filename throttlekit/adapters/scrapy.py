@@ -117,6 +117,9 @@ UNTHROTTLED_SCOPE = "(not throttled)"
 #: request (a retry or redirect copies the meta), as opposed to a slot set by the
 #: user or a plugin, which is the request's scope.
 _ASSIGNED_SLOT = "_throttlekit_assigned_slot"
+#: Scrapy's signal with each parsed robots.txt (Scrapy >= 2.14); without it the
+#: middleware parses the robots.txt responses that pass through it.
+ROBOTS_PARSED_SIGNAL = getattr(signals, "robots_parsed", None)
 #: The throttlekit-family names Scrapy itself reads (not misspellings).
 _SCRAPY_SETTINGS = frozenset(name for name in dir(default_settings) if name.isupper())
 
@@ -304,8 +307,7 @@ class ThrottlingMiddleware:
         connect(self._spider_opened, signal=signals.spider_opened)
         connect(self._spider_closed, signal=signals.spider_closed)
         connect(self._request_reached_downloader, signal=signals.request_reached_downloader)
-        robots_parsed = getattr(signals, "robots_parsed", None)
-        #: Whether robots.txt is read here (Scrapy < 2.14 has no robots_parsed signal).
+        robots_parsed = ROBOTS_PARSED_SIGNAL
         self._parse_robots = self.obey_crawl_delay and robots_parsed is None
         if self.obey_crawl_delay and robots_parsed is not None:
             connect(self._robots_parsed, signal=robots_parsed)
