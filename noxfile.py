@@ -17,6 +17,23 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
+#: The oldest Scrapy that ``pyproject.toml`` accepts, and the newest.
+SCRAPY_VERSIONS = ["2.13.4", "newest"]
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("scrapy", SCRAPY_VERSIONS)
+def scrapy(session: nox.Session, scrapy: str) -> None:
+    """The Scrapy tests (real crawls) on the oldest and the newest supported Scrapy.
+
+    ``nox -s tests`` runs them on the newest only; e.g.
+    ``nox -s "scrapy(scrapy='2.13.4')"`` runs them on the oldest.
+    """
+    session.install("-e", ".[scrapy,test]", "aiohttp>=3.12")
+    session.install("--upgrade", "scrapy" if scrapy == "newest" else f"scrapy=={scrapy}")
+    session.run("pytest", "tests/test_adapter_scrapy.py", "tests/test_scrapy_autothrottle.py")
+
+
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""

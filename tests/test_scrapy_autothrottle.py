@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import scrapy
 from scrapy import Request
 from scrapy.core.downloader import Slot
 from scrapy.http import Response
@@ -45,7 +46,13 @@ from throttlekit.adapters.scrapy import ThrottlingMiddleware
 URL = "https://example.com"
 #: Scrapy's defaults, as its AutoThrottle tests import them.
 START_DELAY, MAX_DELAY, SCRAPY_DOWNLOAD_DELAY = 5.0, 60.0, 0.0
-WAYS = ("middleware", "scrapy-settings", "dict")
+#: Before Scrapy 2.14 a crawler cannot be built without an installed reactor
+#: (the real crawls of test_adapter_scrapy cover the middleware there).
+IN_PROCESS = pytest.mark.skipif(
+    scrapy.version_info < (2, 14), reason="in-process crawlers need Scrapy >= 2.14"
+)
+MIDDLEWARE_WAY = pytest.param("middleware", marks=IN_PROCESS)
+WAYS = (MIDDLEWARE_WAY, "scrapy-settings", "dict")
 UNSET = object()
 
 pytestmark = pytest.mark.anyio
@@ -244,6 +251,7 @@ SCRAPY_SKIPPED = [
 ]
 
 
+@IN_PROCESS
 @pytest.mark.parametrize(("meta", "slot"), SCRAPY_SKIPPED)
 async def test_skipped_through_the_middleware(meta: dict[str, Any], slot: str | None) -> None:
     slots = () if slot is None else (slot,)
@@ -276,6 +284,7 @@ COMBINATIONS = list(
 )
 
 
+@IN_PROCESS
 @pytest.mark.parametrize(("latency", "slot", "dont_adjust"), COMBINATIONS)
 async def test_skip_rules_for_every_combination(
     latency: float | None, slot: str, dont_adjust: object

@@ -81,7 +81,9 @@ class BounceMiddleware:
     the engine without ``process_response``: the permit must not leak.
     """
 
-    def process_request(self, request: scrapy.Request) -> scrapy.Request | None:
+    def process_request(
+        self, request: scrapy.Request, spider: Any = None
+    ) -> scrapy.Request | None:  # (Scrapy < 2.14 passes the spider)
         if request.meta.get("bounce"):
             meta = {key: value for key, value in request.meta.items() if key != "bounce"}
             return request.replace(meta=meta, dont_filter=True)
@@ -91,6 +93,6 @@ class BounceMiddleware:
 class IgnoreMiddleware:
     """Drops a request that has ``meta["ignore"]`` after the throttling middleware."""
 
-    def process_request(self, request: scrapy.Request) -> None:
+    def process_request(self, request: scrapy.Request, spider: Any = None) -> None:
         if request.meta.get("ignore"):
             raise IgnoreRequest("ignored after throttling")

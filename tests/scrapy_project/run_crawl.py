@@ -19,6 +19,7 @@ from typing import Any
 
 from loopback import PlanSpider
 from scrapy.crawler import CrawlerProcess
+from scrapy.settings import default_settings
 
 
 def _jsonable(value: Any) -> Any:
@@ -44,6 +45,8 @@ def main() -> None:
         "EXTENSIONS": {"scrapy.extensions.remote_control.RemoteControl": None},
         **plan["settings"],
     }
+    if not hasattr(default_settings, "TWISTED_DNS_RESOLVER"):  # Scrapy < 2.14
+        settings["DNS_RESOLVER"] = settings.pop("TWISTED_DNS_RESOLVER")
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(PlanSpider)
     process.crawl(crawler, plan=plan["requests"])

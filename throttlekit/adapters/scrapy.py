@@ -89,7 +89,7 @@ try:
     from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings, default_settings
     from scrapy.utils.misc import load_object
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
-    raise missing_extra("throttlekit.adapters.scrapy", "Scrapy >= 2.13", "scrapy") from exc
+    raise missing_extra("throttlekit.adapters.scrapy", "Scrapy >= 2.13.4", "scrapy") from exc
 
 if TYPE_CHECKING:
     from scrapy import Spider
