@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import anyio
 import pytest
 from scrapy.settings import Settings
 
-from throttlekit import Limiter, ScopePolicy
+from throttlekit import AutoThrottle, Backoff, Limiter, Rampup, ScopePolicy
 
 virtual = pytest.mark.parametrize("anyio_backend", ["trio_virtual"], indirect=True)
 
@@ -133,32 +134,32 @@ def test_randomize_download_delay(value: Any, expected: tuple[float, float]) -> 
         (
             {"THROTTLING_SCOPES": {"a": {"delay": -1}}},
             ValueError,
-            r"THROTTLING_SCOPES\['a'\]: delay must be",
+            r"THROTTLING_SCOPES\['a'\]\['delay'\]: delay must be a finite number >= 0",
         ),
         (
             {"THROTTLING_SCOPES": {"a": {"concurrency": 0}}},
             ValueError,
-            r"THROTTLING_SCOPES\['a'\]: concurrency must be >= 1",
+            r"THROTTLING_SCOPES\['a'\]\['concurrency'\]: concurrency must be >= 1",
         ),
         (
             {"THROTTLING_SCOPES": {"a": {"concurrency": 1.5}}},
             ValueError,
-            r"THROTTLING_SCOPES\['a'\]\['concurrency'\] must be an integer",
+            r"THROTTLING_SCOPES\['a'\]\['concurrency'\] must be an int >= 1 or None",
         ),
         (
             {"THROTTLING_SCOPES": {"a": {"quota": "lots"}}},
             ValueError,
-            r"THROTTLING_SCOPES\['a'\]\['quota'\] must be a number",
+            r"THROTTLING_SCOPES\['a'\]\['quota'\] must be a finite number > 0 or None",
         ),
         (
             {"THROTTLING_SCOPES": {"a": {"window": 0}}},
             ValueError,
-            r"THROTTLING_SCOPES\['a'\]: window must be",
+            r"THROTTLING_SCOPES\['a'\]\['window'\]: window must be",
         ),
         (
             {"THROTTLING_SCOPES": {"a": {"jitter": 2}}},
             ValueError,
-            r"THROTTLING_SCOPES\['a'\]: jitter must be in",
+            r"THROTTLING_SCOPES\['a'\]\['jitter'\]: jitter must be in",
         ),
     ],
 )
@@ -297,3 +298,212 @@ def test_throttling_scopes_as_json_text() -> None:
     assert limiter.policy("api.test").concurrency == 4
     with pytest.raises(ValueError, match="THROTTLING_SCOPES"):
         Limiter.from_settings({"THROTTLING_SCOPES": "{not json"})
+
+
+# -- every invalid value is an error naming the setting and what it allows --------------------
+
+#: Values no numeric option accepts: non-finite, too large for a float, wrong types.
+NON_FINITE = [math.nan, math.inf, -math.inf, "nan", "inf", "-inf", "1e400", "NaN"]
+HUGE = [10**400, -(10**400), str(10**400)]
+WRONG_TYPE = [object(), [object()], {"x": 1}, b"1", (), Settings]
+
+
+def _bad(*specific: Any, bool_ok: bool = False) -> list[Any]:
+    return [*NON_FINITE, *HUGE, *WRONG_TYPE, *specific, *(() if bool_ok else (True, False))]
+
+
+#: Every setting with values it must refuse (``None`` means "the default", so it is valid).
+BAD_SETTINGS: dict[str, list[Any]] = {
+    "CONCURRENT_REQUESTS": _bad(-1, 2.5, "many", "2.5"),
+    "CONCURRENT_REQUESTS_PER_DOMAIN": _bad(0, -1, 1.5, "x", "0"),
+    "DOWNLOAD_DELAY": _bad(-1, -0.001, "slow", "-1"),
+    "DOWNLOAD_DELAY_PER_SLOT": _bad(-1, "x"),
+    "RANDOMIZE_DOWNLOAD_DELAY": _bad(
+        1.5,
+        -0.1,
+        1.0,
+        "sometimes",
+        "1.5",
+        [0.5, 0.1],
+        [-1, 0],
+        [0.1],
+        [math.nan, 0.1],
+        bool_ok=True,
+    ),
+    "THROTTLING_WINDOW": _bad(0, -1, "0"),
+    "THROTTLING_SCOPES": [
+        *WRONG_TYPE[:2],
+        b"1",
+        5,
+        math.nan,
+        ["a.example"],
+        "not json",
+        '"a string"',
+        "[1, 2]",
+        "1e400",
+        {"": {}},
+        {1: {}},
+        {"a.example": 2},
+        {"a.example": None},
+        {"a.example": "fast"},
+        True,
+    ],
+    "THROTTLING_ROBOTSTXT_MAX_DELAY": _bad(-1, "x"),
+    "BACKOFF_HTTP_CODES": [
+        *WRONG_TYPE[:1],
+        5,
+        429,
+        math.nan,
+        [42],
+        [1000],
+        [429.5],
+        ["x"],
+        [math.nan],
+        [10**400],
+        ["inf"],
+        [True],
+        "429,x",
+    ],
+    "BACKOFF_EXCEPTIONS": [*WRONG_TYPE[:2], 5, math.nan, ["nodots"], [5], "nodots", [None]],
+    "BACKOFF_DELAY_FACTOR": _bad(1, 0.5, 0, -1, "x"),
+    "BACKOFF_MIN_DELAY": _bad(0, -1, 1000, "x"),
+    "BACKOFF_MAX_DELAY": _bad(0, -1, 0.5, "x"),
+    "BACKOFF_JITTER": _bad(1.0, -0.5, [0.5, 0.1], "x", bool_ok=True),
+    "BACKOFF_WINDOW": _bad(0, -1, "x"),
+    "BACKOFF_CONCURRENCY_FACTOR": _bad(0, 1, 1.5, -1, "x"),
+    "RAMPUP_BACKOFF_TARGET": _bad(-1, 1.5, [3, 1], [1, 2, 3], [1.5, 2], "many"),
+    "AUTOTHROTTLE_ENABLED": [*NON_FINITE, *HUGE, *WRONG_TYPE, "sometimes", 2, -1],
+    "AUTOTHROTTLE_START_DELAY": _bad(-1, "x"),
+    "AUTOTHROTTLE_MAX_DELAY": _bad(0, -1, "x"),
+    "AUTOTHROTTLE_TARGET_CONCURRENCY": _bad(0, -1, "x"),
+    "AUTOTHROTTLE_DEBUG": [*NON_FINITE, *HUGE, *WRONG_TYPE, "sometimes", 2, -1],
+}
+
+_NUMBER = _bad
+#: Every key of a THROTTLING_SCOPES entry with values it must refuse.
+BAD_SCOPE_KEYS: dict[str, list[Any]] = {
+    "concurrency": _NUMBER(0, -1, 1.5, "x"),
+    "delay": _NUMBER(-1, None, "x"),
+    "slot_delay": _NUMBER(-1, None),
+    "delay_per_slot": _NUMBER(-1, None),
+    "jitter": _NUMBER(1.5, [0.5, 0.1], "x", bool_ok=True),
+    "quota": _NUMBER(0, -1, "x"),
+    "window": _NUMBER(0, -1, None),
+    "ignore_robots_txt": [*NON_FINITE, *HUGE, *WRONG_TYPE, "sometimes", 2, None],
+    "backoff": [*NON_FINITE[:2], *HUGE[:1], *WRONG_TYPE, "yes", 5, [1], {"unknown": 1}],
+    "rampup": ["yes", 5, [1], {"unknown": 1}, *WRONG_TYPE[:2]],
+    "autothrottle": ["yes", 5, [1], {"unknown": 1}, *WRONG_TYPE[:2]],
+    "manager": [
+        *NON_FINITE,
+        *HUGE,
+        *WRONG_TYPE[:4],
+        5,
+        "nodots",
+        "no_such_module_here.Thing",
+        "math.no_such_name",
+        "math.pi",
+        [5],
+    ],
+    "controllers": [5, "nodots", "math.pi", [None], *WRONG_TYPE[:2]],
+}
+#: Every key of the nested backoff / rampup / autothrottle dicts, with values they refuse.
+BAD_CONTROLLER_KEYS: dict[str, dict[str, list[Any]]] = {
+    "backoff": {
+        "http_codes": BAD_SETTINGS["BACKOFF_HTTP_CODES"],
+        "exceptions": BAD_SETTINGS["BACKOFF_EXCEPTIONS"],
+        "delay_factor": BAD_SETTINGS["BACKOFF_DELAY_FACTOR"],
+        "min_delay": _NUMBER(0, -1, 1000),
+        "max_delay": _NUMBER(0, -1, 0.5),
+        "jitter": BAD_SETTINGS["BACKOFF_JITTER"],
+        "window": _NUMBER(0, -1),
+        "concurrency_factor": BAD_SETTINGS["BACKOFF_CONCURRENCY_FACTOR"],
+    },
+    "rampup": {
+        "target": BAD_SETTINGS["RAMPUP_BACKOFF_TARGET"],
+        "window": _NUMBER(0, -1),
+        "min_delay": _NUMBER(-1),
+        "max_concurrency": _NUMBER(0, -1, 1.5),
+        "concurrency_factor": _NUMBER(1, 0.5, 0, -1),
+    },
+    "autothrottle": {
+        "start_delay": _NUMBER(-1),
+        "max_delay": _NUMBER(0, -1),
+        "target_concurrency": _NUMBER(0, -1),
+        "debug": BAD_SETTINGS["AUTOTHROTTLE_DEBUG"],
+    },
+}
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for setting, values in BAD_SETTINGS.items():
+        settings = {"AUTOTHROTTLE_ENABLED": True} if setting.startswith("AUTOTHROTTLE_") else {}
+        for value in values:
+            cases.append(
+                pytest.param({**settings, setting: value}, setting, id=f"{setting}={value!r:.40}")
+            )
+    for key, values in BAD_SCOPE_KEYS.items():
+        for value in values:
+            name = f"THROTTLING_SCOPES['a.example']['{key}']"
+            scopes = {"a.example": {key: value}}
+            cases.append(
+                pytest.param({"THROTTLING_SCOPES": scopes}, name, id=f"{name}={value!r:.40}")
+            )
+    for controller, keys in BAD_CONTROLLER_KEYS.items():
+        for key, values in keys.items():
+            for value in values:
+                name = f"THROTTLING_SCOPES['a.example']['{controller}']"
+                scopes = {"a.example": {controller: {key: value}}}
+                cases.append(
+                    pytest.param(
+                        {"THROTTLING_SCOPES": scopes}, name, id=f"{name}[{key}]={value!r:.40}"
+                    )
+                )
+    return cases
+
+
+def test_the_table_covers_every_setting_and_key() -> None:
+    from throttlekit._settings import (
+        _AUTOTHROTTLE_KEYS,
+        _BACKOFF_KEYS,
+        _CONTROLLER_KEYS,
+        _POLICY_KEYS,
+        _RAMPUP_KEYS,
+        DEFAULT_SETTINGS,
+    )
+
+    assert set(BAD_SETTINGS) == set(DEFAULT_SETTINGS)
+    assert set(BAD_SCOPE_KEYS) == {*_POLICY_KEYS, *_CONTROLLER_KEYS}
+    assert set(BAD_CONTROLLER_KEYS["backoff"]) == set(_BACKOFF_KEYS)
+    assert set(BAD_CONTROLLER_KEYS["rampup"]) == set(_RAMPUP_KEYS)
+    assert set(BAD_CONTROLLER_KEYS["autothrottle"]) == set(_AUTOTHROTTLE_KEYS)
+
+
+@pytest.mark.parametrize(("settings", "name"), _cases())
+def test_every_invalid_value_names_the_setting_and_what_it_allows(
+    settings: dict[str, Any], name: str
+) -> None:
+    with pytest.raises((ValueError, TypeError)) as error:
+        Limiter.from_settings(settings)
+    assert type(error.value) in (ValueError, TypeError), repr(error.value)
+    message = str(error.value)
+    assert name in message, message
+    assert any(word in message for word in (" must ", " needs ", "unknown key")), message
+
+
+def test_non_finite_and_huge_numbers_in_the_python_api_name_the_field() -> None:
+    for value in (math.nan, math.inf, 10**400, -(10**400)):
+        for field in ("delay", "slot_delay", "window", "quota", "jitter"):
+            with pytest.raises(ValueError, match=rf"^{field}( pair)? must be"):
+                ScopePolicy(**{field: value})
+        for cls, field in (
+            (Backoff, "delay_factor"),
+            (Backoff, "max_delay"),
+            (Backoff, "concurrency_factor"),
+            (AutoThrottle, "target_concurrency"),
+            (Rampup, "concurrency_factor"),
+        ):
+            with pytest.raises(ValueError, match=rf"^{field} must be"):
+                cls(**{field: value})
+    with pytest.raises(TypeError, match=r"^delay must be a number >= 0, got str '1'"):
+        ScopePolicy(delay="1")  # type: ignore[arg-type]

@@ -10,12 +10,20 @@ import attrs
 
 
 def check_number(name: str, value: object, *, minimum: float, strict: bool = False) -> float:
+    """``value`` as a finite float of at least ``minimum`` (above it if ``strict``).
+
+    Raises TypeError/ValueError naming ``name`` and the allowed range otherwise
+    (non-finite numbers and ints too large for a float included).
+    """
+    bound = "" if minimum == -math.inf else f" > {minimum:g}" if strict else f" >= {minimum:g}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
+        raise TypeError(f"{name} must be a number{bound}, got {type(value).__name__} {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        number = math.inf
     if not math.isfinite(number) or number < minimum or (strict and number == minimum):
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
     return number
 
 

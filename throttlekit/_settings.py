@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
+import math
+import re
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -87,6 +89,32 @@ _POLICY_SETTINGS = {
     "window": "THROTTLING_WINDOW",
 }
 _CONTROLLER_KEYS = ("backoff", "rampup", "autothrottle", "manager", "controllers")
+_SECONDS = "a finite number of seconds"
+#: What each option allows, for the errors of values that are not even numbers.
+#: Keys: a setting, a policy key, or ``controller.key``; their validators check
+#: the same ranges once the value is a number.
+_ALLOWED = {
+    "CONCURRENT_REQUESTS": "an int >= 0 (0 = unlimited)",
+    "THROTTLING_ROBOTSTXT_MAX_DELAY": f"{_SECONDS} >= 0",
+    "concurrency": "an int >= 1",
+    "delay": f"{_SECONDS} >= 0",
+    "slot_delay": f"{_SECONDS} >= 0",
+    "quota": "a finite number > 0",
+    "window": f"{_SECONDS} > 0",
+    "jitter": "True, False, a fraction in [0, 1) or a [low, high] pair with -1 < low <= high",
+    "target": "an int >= 0 or a [low, high] pair of ints",
+    "http_codes": "a list of HTTP status codes (ints from 100 to 999)",
+    "backoff.delay_factor": "a finite number > 1",
+    "backoff.min_delay": f"{_SECONDS} > 0",
+    "backoff.max_delay": f"{_SECONDS} > 0",
+    "backoff.concurrency_factor": "a number in (0, 1)",
+    "autothrottle.start_delay": f"{_SECONDS} >= 0",
+    "autothrottle.max_delay": f"{_SECONDS} > 0",
+    "autothrottle.target_concurrency": "a finite number > 0",
+    "rampup.min_delay": f"{_SECONDS} >= 0",
+    "rampup.max_concurrency": "an int >= 1",
+    "rampup.concurrency_factor": "a finite number > 1",
+}
 _BACKOFF_KEYS = (
     "http_codes",
     "exceptions",
@@ -137,6 +165,15 @@ def _get(settings: Mapping[str, Any], name: str) -> Any:
     return DEFAULT_SETTINGS.get(name) if value is None else value
 
 
+def _allowed(key: str, section: str = "") -> str:
+    return _ALLOWED.get(f"{section}.{key}") or _ALLOWED.get(key) or "a finite number"
+
+
+def _renamed(exc: Exception, name: str) -> Exception:
+    """``exc`` as a plain ValueError/TypeError whose message starts with ``name``."""
+    return (TypeError if isinstance(exc, TypeError) else ValueError)(f"{name}: {exc}")
+
+
 def read_bool(value: Any, name: str) -> bool:
     """A setting as a bool, accepting Scrapy's string forms ("True", "0", ...)."""
     if isinstance(value, bool):
@@ -149,24 +186,31 @@ def read_bool(value: Any, name: str) -> bool:
             return True
         if text in {"false", "0", "no", "off", ""}:
             return False
-    raise ValueError(f"{name} must be a boolean, got {value!r}")
+    raise ValueError(f"{name} must be a boolean (True/False, 1/0, yes/no, on/off), got {value!r}")
 
 
-def read_float(value: Any, name: str) -> float:
-    """A setting as a float (numbers or numeric strings)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, got {value!r}")
+def read_float(value: Any, name: str, allowed: str = "a finite number") -> float:
+    """A setting as a finite float (numbers or numeric strings).
+
+    Not a number, ``nan``, infinities and numbers too large for a float raise
+    :class:`TypeError`/:class:`ValueError` saying ``name`` must be ``allowed``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"{name} must be {allowed}, got {value!r}")
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
+        number = float(value)
+    except (ValueError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return number
 
 
-def read_int(value: Any, name: str) -> int:
-    """A setting as an int (ints, or integral floats and strings)."""
-    number = read_float(value, name)
+def read_int(value: Any, name: str, allowed: str = "an integer") -> int:
+    """A setting as an int (ints, or integral floats and strings); see :func:`read_float`."""
+    number = read_float(value, name, allowed)
     if number != int(number):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return int(number)
 
 
@@ -182,42 +226,64 @@ def _jitter(value: Any, name: str) -> Any:
     if type(value) is int and value in (0, 1):
         return bool(value)  # Scrapy's boolean convention, as for the strings "0" and "1"
     if isinstance(value, (list, tuple)):
-        return tuple(read_float(item, name) for item in value)
+        return tuple(read_float(item, name, _allowed("jitter")) for item in value)
     if isinstance(value, str):
         try:
             return read_bool(value, name)
         except ValueError:
-            return read_float(value, name)
+            return read_float(value, name, _allowed("jitter"))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return read_float(value, name, _allowed("jitter"))
     return value
 
 
 def _rampup_target(value: Any, name: str) -> Any:
     if isinstance(value, (list, tuple)):
-        return tuple(read_int(item, name) for item in value)
-    return read_int(value, name)
+        return tuple(read_int(item, name, _allowed("target")) for item in value)
+    return read_int(value, name, _allowed("target"))
 
 
 def _import(path: Any, name: str) -> Any:
+    """A controller factory from an import path (or the callable itself)."""
     if not isinstance(path, str):
         if callable(path):
             return path
         raise TypeError(f"{name} must be an import path or a callable, got {path!r}")
     module, _, attribute = path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"{name}: cannot import {path!r}: {exc}") from None
+        found = getattr(importlib.import_module(module), attribute)
+    except Exception as exc:  # whatever importing the module raised
+        raise ValueError(
+            f"{name} must be the import path of a controller factory; cannot import {path!r} "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    if not callable(found):
+        raise TypeError(f"{name} must name a callable (a controller factory), got {path!r}")
+    return found
 
 
-def _convert(options: Mapping[str, Any], keys: tuple[str, ...], name: str) -> dict[str, Any]:
-    """Type-convert the options of a nested dict (backoff/rampup/autothrottle)."""
+def _convert(
+    options: Mapping[str, Any],
+    keys: tuple[str, ...],
+    name: str,
+    section: str,
+    names: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Type-convert the options of a nested dict (backoff/rampup/autothrottle).
+
+    ``names`` gives the name of each key in errors (a setting's name);
+    otherwise it is ``name[key]``.
+    """
+    if not isinstance(options, Mapping):
+        raise TypeError(f"{name} must be a dict of {section} options, got {options!r}")
     result: dict[str, Any] = {}
     for key, value in options.items():
-        where = f"{name}[{key!r}]"
         if key not in keys:
             raise ValueError(f"{name} has unknown key {key!r}; known keys: {', '.join(keys)}")
+        where = names[key] if names else f"{name}[{key!r}]"
+        allowed = _allowed(key, section)
         if key == "http_codes":
-            value = frozenset(read_int(code, where) for code in _read_list(value, where))
+            value = frozenset(read_int(code, where, allowed) for code in _read_list(value, where))
         elif key == "exceptions":
             value = tuple(_read_list(value, where))
         elif key == "jitter":
@@ -227,18 +293,21 @@ def _convert(options: Mapping[str, Any], keys: tuple[str, ...], name: str) -> di
         elif key == "debug":
             value = read_bool(value, where)
         elif key == "max_concurrency":
-            value = read_int(value, where)
+            value = read_int(value, where, allowed)
         else:
-            value = read_float(value, where)
+            value = read_float(value, where, allowed)
         result[key] = value
     return result
 
 
-def _built(factory: Any, options: dict[str, Any], name: str) -> Any:
+def _built(factory: Any, options: dict[str, Any], names: Mapping[str, str]) -> Any:
+    """``factory(**options)``; an error names the setting of the field it is about."""
     try:
         return factory(**options)
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{name}: {exc}") from None
+        message = str(exc)
+        named = [names[key] for key in names if re.search(rf"\b{key}\b", message)]
+        raise _renamed(exc, " / ".join(named or sorted(set(names.values())))) from None
 
 
 def _default_backoff(settings: Mapping[str, Any]) -> Backoff:
@@ -252,8 +321,9 @@ def _default_backoff(settings: Mapping[str, Any]) -> Backoff:
         "window": _get(settings, "BACKOFF_WINDOW"),
         "concurrency_factor": _get(settings, "BACKOFF_CONCURRENCY_FACTOR"),
     }
+    names = {key: f"BACKOFF_{key.upper()}" for key in options}
     backoff: Backoff = _built(
-        Backoff, _convert(options, _BACKOFF_KEYS, "BACKOFF_*"), "BACKOFF_* settings"
+        Backoff, _convert(options, _BACKOFF_KEYS, "BACKOFF_*", "backoff", names), names
     )
     return backoff
 
@@ -265,13 +335,9 @@ def _default_autothrottle(settings: Mapping[str, Any]) -> AutoThrottle:
         "target_concurrency": _get(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY"),
         "debug": _get(settings, "AUTOTHROTTLE_DEBUG"),
     }
-    converted = _convert(options, _AUTOTHROTTLE_KEYS, "AUTOTHROTTLE_*")
-    if converted["target_concurrency"] <= 0:
-        raise ValueError(
-            "AUTOTHROTTLE_TARGET_CONCURRENCY must be higher than 0.0, got "
-            f"{converted['target_concurrency']!r}"
-        )
-    autothrottle: AutoThrottle = _built(AutoThrottle, converted, "AUTOTHROTTLE_* settings")
+    names = {key: f"AUTOTHROTTLE_{key.upper()}" for key in options}
+    converted = _convert(options, _AUTOTHROTTLE_KEYS, "AUTOTHROTTLE_*", "autothrottle", names)
+    autothrottle: AutoThrottle = _built(AutoThrottle, converted, names)
     return autothrottle
 
 
@@ -295,11 +361,11 @@ def _controller_option(
     if not isinstance(value, Mapping):
         raise TypeError(f"{where} must be True, False or a dict, got {value!r}")
     keys = {"backoff": _BACKOFF_KEYS, "rampup": _RAMPUP_KEYS, "autothrottle": _AUTOTHROTTLE_KEYS}
-    changes = _convert(value, keys[key], where)
+    changes = _convert(value, keys[key], where, key)
     try:
         return {key: attrs.evolve(base, **changes)}
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{where}: {exc}") from None
+        raise _renamed(exc, where) from None
 
 
 def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -318,7 +384,7 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     if read_bool(_get(settings, "AUTOTHROTTLE_ENABLED"), "AUTOTHROTTLE_ENABLED"):
         autothrottle = _default_autothrottle(settings)
     target = _rampup_target(_get(settings, "RAMPUP_BACKOFF_TARGET"), "RAMPUP_BACKOFF_TARGET")
-    rampup = _built(Rampup, {"target": target}, "RAMPUP_BACKOFF_TARGET")
+    rampup = _built(Rampup, {"target": target}, {"target": "RAMPUP_BACKOFF_TARGET"})
     defaults: dict[str, Any] = {
         "backoff": backoff,
         "rampup": rampup,
@@ -328,31 +394,37 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     try:
         default = ScopePolicy(
             concurrency=read_int(
-                _get(settings, "CONCURRENT_REQUESTS_PER_DOMAIN"), "CONCURRENT_REQUESTS_PER_DOMAIN"
+                _get(settings, "CONCURRENT_REQUESTS_PER_DOMAIN"),
+                "CONCURRENT_REQUESTS_PER_DOMAIN",
+                _allowed("concurrency"),
             ),
-            delay=read_float(_get(settings, "DOWNLOAD_DELAY"), "DOWNLOAD_DELAY"),
+            delay=read_float(_get(settings, "DOWNLOAD_DELAY"), "DOWNLOAD_DELAY", _allowed("delay")),
             slot_delay=read_float(
-                _get(settings, "DOWNLOAD_DELAY_PER_SLOT"), "DOWNLOAD_DELAY_PER_SLOT"
+                _get(settings, "DOWNLOAD_DELAY_PER_SLOT"),
+                "DOWNLOAD_DELAY_PER_SLOT",
+                _allowed("slot_delay"),
             ),
             jitter=_jitter(_get(settings, "RANDOMIZE_DOWNLOAD_DELAY"), "RANDOMIZE_DOWNLOAD_DELAY"),
-            window=read_float(_get(settings, "THROTTLING_WINDOW"), "THROTTLING_WINDOW"),
+            window=read_float(
+                _get(settings, "THROTTLING_WINDOW"), "THROTTLING_WINDOW", _allowed("window")
+            ),
             backoff=backoff,
             autothrottle=autothrottle,
         )
     except (TypeError, ValueError) as exc:
-        message = str(exc)
-        setting = _POLICY_SETTINGS.get(message.split(" ", 1)[0])
-        if setting is not None:
-            message = f"{setting}: {message}"
-        raise type(exc)(f"invalid throttling settings: {message}") from None
-    cap = read_int(_get(settings, "CONCURRENT_REQUESTS"), "CONCURRENT_REQUESTS")
+        setting = _POLICY_SETTINGS.get(str(exc).split(" ", 1)[0])
+        where = "invalid throttling settings" + (f": {setting}" if setting else "")
+        raise _renamed(exc, where) from None
+    allowed = _allowed("CONCURRENT_REQUESTS")
+    cap = read_int(_get(settings, "CONCURRENT_REQUESTS"), "CONCURRENT_REQUESTS", allowed)
     if cap < 0:
-        raise ValueError(f"CONCURRENT_REQUESTS must be >= 0 (0 = unlimited), got {cap!r}")
+        raise ValueError(f"CONCURRENT_REQUESTS must be {allowed}, got {cap!r}")
+    allowed = _allowed("THROTTLING_ROBOTSTXT_MAX_DELAY")
     robots_cap = read_float(
-        _get(settings, "THROTTLING_ROBOTSTXT_MAX_DELAY"), "THROTTLING_ROBOTSTXT_MAX_DELAY"
+        _get(settings, "THROTTLING_ROBOTSTXT_MAX_DELAY"), "THROTTLING_ROBOTSTXT_MAX_DELAY", allowed
     )
-    if not robots_cap >= 0:
-        raise ValueError(f"THROTTLING_ROBOTSTXT_MAX_DELAY must be >= 0 seconds, got {robots_cap!r}")
+    if robots_cap < 0:
+        raise ValueError(f"THROTTLING_ROBOTSTXT_MAX_DELAY must be {allowed}, got {robots_cap!r}")
     scopes_setting = _get(settings, "THROTTLING_SCOPES") or {}
     if isinstance(
         scopes_setting, str
@@ -368,9 +440,14 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     policies: dict[str, ScopePolicy] = {}
     for scope, options in scopes_setting.items():
         where = f"THROTTLING_SCOPES[{scope!r}]"
+        if not isinstance(scope, str) or not scope.strip():
+            raise ValueError(
+                f"THROTTLING_SCOPES keys must be scope names (non-empty str), got {scope!r}"
+            )
         if not isinstance(options, Mapping):
             raise TypeError(f"{where} must be a dict of policy keys, got {options!r}")
         changes: dict[str, Any] = {}
+        key_of: dict[str, str] = {}  # field → the key that set it, for errors
         for key, value in options.items():
             name = f"{where}[{key!r}]"
             if key in _CONTROLLER_KEYS:
@@ -384,15 +461,21 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
                 value = _jitter(value, name)
             elif field == "ignore_robots_txt":
                 value = read_bool(value, name)
-            elif field == "concurrency" and value is not None:
-                value = read_int(value, name)
-            elif value is not None:
-                value = read_float(value, name)
+            elif field == "concurrency":
+                if value is not None:  # None: unlimited
+                    value = read_int(value, name, f"{_allowed(field)} or None (unlimited)")
+            elif field == "quota":
+                if value is not None:  # None: no quota
+                    value = read_float(value, name, f"{_allowed(field)} or None (no quota)")
+            else:
+                value = read_float(value, name, _allowed(field))
             changes[field] = value
+            key_of[field] = key
         try:
-            policies[str(scope)] = attrs.evolve(default, **changes)
+            policies[scope] = attrs.evolve(default, **changes)
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{where}: {exc}") from None
+            key = key_of.get(str(exc).split(" ", 1)[0])
+            raise _renamed(exc, where if key is None else f"{where}[{key!r}]") from None
     return {
         "default": default,
         "scopes": policies,
