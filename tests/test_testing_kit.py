@@ -11,6 +11,7 @@ import importlib.util
 import math
 import random
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -504,6 +505,89 @@ def test_quota_server_rate_limit_headers_parse(family: Any) -> None:
     assert responses[3].status == 429
 
 
+def test_capacity_server_with_exponential_service_times() -> None:
+    server = CapacityServer(workers=2, service_time=0.1, exponential=True)
+    latencies = [r.latency for r in respond(server, *[i * 0.1 for i in range(4000)], seed=3)]
+    # Offered 10/s against 20/s: little queueing, mean close to the mean service time.
+    assert 0.09 < sum(latencies) / len(latencies) < 0.13
+    ordered = sorted(latencies)
+    assert ordered[int(0.95 * len(ordered))] > 0.25  # an exponential tail (p95 ~ 3 x mean)
+    assert latencies == [
+        r.latency for r in respond(server, *[i * 0.1 for i in range(4000)], seed=3)
+    ]
+
+
+def test_quota_server_limit_changes_during_the_run() -> None:
+    server = QuotaServer(
+        limit=4, window=1.0, sliding=True, retry_after=1, changes=((2.0, 2), (4.0, 6))
+    )
+    assert [server.limit_at(t) for t in (0.0, 1.99, 2.0, 3.0, 4.0, 99.0)] == [4, 4, 2, 2, 6, 6]
+    assert server.rate_at(4.5) == 6.0
+    assert server.rate == 4.0
+    times = [t / 10 for t in range(60)]  # 10 sends per second for 6 s
+    served = [r.status == 200 for r in respond(server, *times)]
+    per_second = [sum(served[index * 10 : index * 10 + 10]) for index in range(6)]
+    assert per_second == [4, 4, 2, 2, 6, 6]
+    # A drop: what the window already holds counts against the new, lower limit.
+    fixed = QuotaServer(limit=3, window=1.0, retry_after=None, changes=((0.5, 1),))
+    assert [r.status for r in respond(fixed, 0.0, 0.6, 1.0, 1.1)] == [200, 429, 200, 429]
+    headers = QuotaServer(limit=3, rate_limit_headers="ietf", changes=((1.0, 1),))
+    infos = [parse(r.headers, now=1e9) for r in respond(headers, 0.0, 1.0)]
+    assert [(info.limit, info.remaining) for info in infos] == [(3, 2), (1, 0)]
+
+
+def test_quota_server_x_ratelimit_epoch_reset() -> None:
+    server = QuotaServer(
+        limit=2,
+        window=10.0,
+        retry_after=None,
+        rate_limit_headers="x-ratelimit",
+        reset_format="epoch",
+    )
+    before = time.time()
+    responses = respond(server, 0.0, 4.0, 6.5)
+    after = time.time()
+    resets = [float(r.headers["X-RateLimit-Reset"]) for r in responses]
+    # The epoch of the end of the window [0, 10): 10 s, 6 s and 3.5 s after each send.
+    for reset, delta in zip(resets, (10.0, 6.0, 3.5), strict=True):
+        assert before + delta - 0.001 <= reset <= after + delta + 0.001
+    assert [r.headers["X-RateLimit-Remaining"] for r in responses] == ["1", "0", "0"]
+    assert responses[2].status == 429
+    info = parse(responses[2].headers, now=time.time())
+    assert info.source == "x-ratelimit"
+    assert info.reset == pytest.approx(3.5, abs=0.05)
+    assert info.wait() == pytest.approx(3.5, abs=0.05)
+    with pytest.raises(ValueError, match="reset_format"):
+        QuotaServer(rate_limit_headers="ietf", reset_format="epoch")
+    with pytest.raises(ValueError, match="reset_format"):
+        QuotaServer(reset_format="unix")  # type: ignore[arg-type]
+
+
+def test_flaky_server_in_front_of_an_origin() -> None:
+    origin = CapacityServer(workers=1, service_time=0.5)
+    flaky = FlakyServer(
+        error_rate=0.5,
+        error_statuses=(503,),
+        error_latency=0.001,
+        timeout_rate=0.0,
+        origin=origin,
+    )
+    responses = respond(flaky, *[0.0] * 40, seed=2)
+    errors = [r for r in responses if r.status == 503]
+    served = [r for r in responses if r.status == 200]
+    assert 10 < len(errors) < 30
+    assert {r.latency for r in errors} == {0.001}
+    # The errors never reached the origin: its single worker queues only the 200s.
+    assert sorted(r.latency for r in served) == pytest.approx(
+        [0.5 * (index + 1) for index in range(len(served))]
+    )
+    assert respond(flaky, *[0.0] * 40, seed=2) == responses
+    with pytest.raises(TypeError, match="origin"):
+        FlakyServer(origin=object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="error_latency"):
+        FlakyServer(error_latency=-1.0)
+
+
 def test_cdn_soft_block_and_flaky_servers() -> None:
     origin = CapacityServer(workers=1, service_time=0.5)
     assert [r.latency for r in respond(CDNServer(hit_ratio=1.0), 0, 0)] == [0.003, 0.003]
@@ -558,6 +642,14 @@ def test_server_models_validate_their_fields() -> None:
         CapacityServer(service_time=-1)
     with pytest.raises(ValueError, match="error_statuses"):
         FlakyServer(error_statuses=())
+    with pytest.raises(ValueError, match="changes times must increase"):
+        QuotaServer(changes=((2.0, 5), (1.0, 6)))
+    with pytest.raises(ValueError, match="changes limits"):
+        QuotaServer(changes=((1.0, 0),))
+    with pytest.raises(TypeError, match="changes times"):
+        QuotaServer(changes=(("soon", 5),))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="changes must be"):
+        QuotaServer(changes=5)  # type: ignore[arg-type]
 
 
 def test_custom_server_model() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -20,7 +21,13 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from .._checks import non_negative, optional_positive, positive
+from .._checks import (
+    check_number,
+    non_negative,
+    optional_non_negative,
+    optional_positive,
+    positive,
+)
 from ._model import SimRequest, SimResponse, fraction
 
 __all__ = [
@@ -84,6 +91,25 @@ def _count(instance: object, attribute: attrs.Attribute[Any], value: object) -> 
         raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
 
 
+def _as_changes(value: Iterable[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
+    try:
+        return tuple((at, limit) for at, limit in value)
+    except (TypeError, ValueError):
+        raise TypeError(f"changes must be (time, limit) pairs, got {value!r}") from None
+
+
+def _changes(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    assert isinstance(value, tuple)
+    previous = -math.inf
+    for at, limit in value:
+        number = check_number(f"{attribute.name} times", at, minimum=0.0)
+        if number <= previous:
+            raise ValueError(f"{attribute.name} times must increase, got {value!r}")
+        previous = number
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"{attribute.name} limits must be ints >= 1, got {value!r}")
+
+
 def _size(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{attribute.name} must be an int >= 0 (bytes), got {value!r}")
@@ -134,6 +160,9 @@ class CapacityServer:
     :param service_time: seconds one request takes once a worker picks it up.
     :param jitter: each service time is multiplied by a factor in ``[1 -
         jitter, 1 + jitter]``.
+    :param exponential: draw each service time from an exponential
+        distribution of mean ``service_time`` instead (``jitter`` is then
+        unused): an M/M/c queue, whose latency varies as a real server's does.
     :param max_queue: most seconds a request may queue before it is refused;
         ``None`` = never refused.
     :param overload_status: the status of refused requests (503 by default).
@@ -143,11 +172,13 @@ class CapacityServer:
     Usage::
 
         CapacityServer(workers=4, service_time=0.2)  # 20 requests/s at most
+        CapacityServer(workers=4, service_time=0.05, exponential=True)  # M/M/4, 80/s
     """
 
     workers: int = attrs.field(default=4, validator=_count)
     service_time: float = attrs.field(default=0.1, validator=non_negative)
     jitter: float = attrs.field(default=0.0, validator=fraction)
+    exponential: bool = False
     max_queue: float | None = attrs.field(default=None, validator=optional_positive)
     overload_status: int = attrs.field(default=503, validator=_status)
     overload_latency: float = attrs.field(default=0.005, validator=non_negative)
@@ -165,7 +196,10 @@ class CapacityServer:
             start = max(now, free_at[0])
             if self.max_queue is not None and start - now > self.max_queue:
                 return SimResponse(status=self.overload_status, latency=self.overload_latency)
-            done = start + _jittered(rng, self.service_time, self.jitter)
+            if self.exponential and self.service_time:
+                done = start + rng.expovariate(1.0 / self.service_time)
+            else:
+                done = start + _jittered(rng, self.service_time, self.jitter)
             heapq.heapreplace(free_at, done)
             return SimResponse(status=200, latency=done - now, size=self.size)
 
@@ -186,13 +220,24 @@ class QuotaServer:
     Refused requests get ``status`` (429) fast, after ``reject_latency``,
     with a ``Retry-After`` header: ``"reset"`` (the default) gives the whole
     seconds until a request would be allowed again, a number gives that
-    number every time, ``None`` sends no ``Retry-After``. With
+    number every time, ``None`` sends no ``Retry-After`` (a bare 429). With
     ``rate_limit_headers`` every response also says how much quota is left,
-    in one of three header families: ``"ietf"`` (``RateLimit``/``RateLimit-Policy``
-    structured fields), ``"legacy"`` (``RateLimit-Limit/Remaining/Reset``) or
-    ``"x-ratelimit"`` (``X-RateLimit-*``, reset as delta seconds).
+    in one of three header families: ``"ietf"`` (draft-10 ``RateLimit`` and
+    ``RateLimit-Policy`` structured fields, with ``t`` and ``w`` in whole
+    seconds), ``"legacy"`` (``RateLimit-Limit/Remaining/Reset``) or
+    ``"x-ratelimit"`` (``X-RateLimit-*``). Resets are counted from the send
+    time: whole seconds, rounded up (as real servers round them), except
+    ``X-RateLimit-Reset`` with ``reset_format="epoch"``: then it is the time
+    of the reset in epoch seconds on the wall clock (:func:`time.time`, read
+    when the request is answered, the clock the limiter reads epoch resets
+    against), with millisecond precision.
 
-    :param limit: requests allowed per window.
+    ``changes`` makes the quota change during the run: ``((20.0, 5), (40.0,
+    15))`` allows ``limit`` requests per window until virtual second 20, 5
+    from then on, and 15 from second 40 (the requests already counted in the
+    window stay counted).
+
+    :param limit: requests allowed per window (from time 0).
     :param window: the window length in seconds.
     :param sliding: use a sliding window instead of fixed ones.
     :param count_rejected: refused requests use up quota too (a strict API
@@ -201,12 +246,18 @@ class QuotaServer:
     :param reject_latency: seconds a refusal takes.
     :param retry_after: ``"reset"``, a fixed number of seconds, or ``None``.
     :param rate_limit_headers: ``"ietf"``, ``"legacy"``, ``"x-ratelimit"`` or ``None``.
+    :param reset_format: ``"delta"`` (seconds) or ``"epoch"`` (epoch seconds;
+        only with ``rate_limit_headers="x-ratelimit"``).
+    :param changes: ``(time, limit)`` pairs, times increasing: the limit from
+        that virtual time on.
     :param status: the status of refusals.
     :param size: the body size of allowed responses in bytes.
 
     Usage::
 
         QuotaServer(limit=5, window=1.0, retry_after=2)  # 5 req/s, "Retry-After: 2" beyond
+        QuotaServer(limit=60, window=10.0, rate_limit_headers="x-ratelimit", reset_format="epoch")
+        QuotaServer(limit=10, sliding=True, retry_after=1, changes=((20.0, 5), (40.0, 15)))
     """
 
     limit: int = attrs.field(default=5, validator=_count)
@@ -222,6 +273,12 @@ class QuotaServer:
             attrs.validators.in_(("ietf", "legacy", "x-ratelimit"))
         ),
     )
+    reset_format: Literal["delta", "epoch"] = attrs.field(
+        default="delta", validator=attrs.validators.in_(("delta", "epoch"))
+    )
+    changes: tuple[tuple[float, int], ...] = attrs.field(
+        default=(), converter=_as_changes, validator=_changes
+    )
     status: int = attrs.field(default=429, validator=_status)
     size: int = attrs.field(default=10_000, validator=_size)
 
@@ -233,25 +290,46 @@ class QuotaServer:
             raise TypeError(f"retry_after must be 'reset', a number or None, got {value!r}")
         non_negative(self, attribute, value)
 
+    @reset_format.validator
+    def _check_reset_format(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value == "epoch" and self.rate_limit_headers != "x-ratelimit":
+            raise ValueError(
+                "reset_format='epoch' needs rate_limit_headers='x-ratelimit', "
+                f"got rate_limit_headers={self.rate_limit_headers!r}"
+            )
+
     @property
     def rate(self) -> float:
-        """Allowed requests per second on average."""
+        """Allowed requests per second on average (at time 0)."""
         return self.limit / self.window
+
+    def limit_at(self, now: float) -> int:
+        """The requests allowed per window at virtual time ``now`` (after ``changes``)."""
+        limit = self.limit
+        for at, changed in self.changes:
+            if at > now:
+                break
+            limit = changed
+        return limit
+
+    def rate_at(self, now: float) -> float:
+        """Allowed requests per second at virtual time ``now``."""
+        return self.limit_at(now) / self.window
 
     def start(self, rng: random.Random) -> Responder:
         allowed: deque[float] = deque()  # sliding: times of counted requests
         state = {"index": -1, "used": 0}  # fixed: current window and its count
 
-        def used_and_reset(now: float) -> tuple[int, float]:
+        def used_and_reset(now: float, limit: int) -> tuple[int, float]:
             """Requests counted in the current window, and seconds until one more fits."""
             if self.sliding:
                 while allowed and allowed[0] + self.window <= now:
                     allowed.popleft()
                 used = len(allowed)
-                if used < self.limit:
+                if used < limit:
                     reset = allowed[0] + self.window - now if allowed else self.window
                 else:
-                    reset = allowed[used - self.limit] + self.window - now
+                    reset = allowed[used - limit] + self.window - now
                 return used, max(0.0, reset)
             index = math.floor(now / self.window)
             if index != state["index"]:
@@ -264,41 +342,44 @@ class QuotaServer:
             else:
                 state["used"] += 1
 
-        def headers(remaining: int, reset: float) -> dict[str, str]:
+        def headers(limit: int, remaining: int, reset: float) -> dict[str, str]:
             whole = str(max(1, math.ceil(reset - 1e-9)))
             if self.rate_limit_headers == "ietf":
                 return {
-                    "RateLimit-Policy": f'"default";q={self.limit};w={math.ceil(self.window)}',
+                    "RateLimit-Policy": f'"default";q={limit};w={math.ceil(self.window)}',
                     "RateLimit": f'"default";r={remaining};t={whole}',
                 }
             if self.rate_limit_headers == "legacy":
                 return {
-                    "RateLimit-Limit": str(self.limit),
+                    "RateLimit-Limit": str(limit),
                     "RateLimit-Remaining": str(remaining),
                     "RateLimit-Reset": whole,
                 }
             if self.rate_limit_headers == "x-ratelimit":
+                if self.reset_format == "epoch":
+                    whole = f"{time.time() + reset:.3f}"
                 return {
-                    "X-RateLimit-Limit": str(self.limit),
+                    "X-RateLimit-Limit": str(limit),
                     "X-RateLimit-Remaining": str(remaining),
                     "X-RateLimit-Reset": whole,
                 }
             return {}
 
         def respond(request: SimRequest, now: float) -> SimResponse:
-            used, reset = used_and_reset(now)
-            if used < self.limit:
+            limit = self.limit_at(now)
+            used, reset = used_and_reset(now, limit)
+            if used < limit:
                 count(now)
-                used, reset = used_and_reset(now)
+                used, reset = used_and_reset(now, limit)
                 return SimResponse(
                     status=200,
                     latency=self.latency,
-                    headers=headers(self.limit - used, reset),
+                    headers=headers(limit, max(0, limit - used), reset),
                     size=self.size,
                 )
             if self.count_rejected:
                 count(now)
-            extra = headers(0, reset)
+            extra = headers(limit, 0, reset)
             if self.retry_after == "reset":
                 extra["Retry-After"] = str(max(1, math.ceil(reset - 1e-9)))
             elif self.retry_after is not None:
@@ -397,20 +478,34 @@ class FlakyServer:
     ``timeout`` seconds, as a client timeout would report it), else has its
     connection reset with probability ``reset_rate`` (a
     :class:`ConnectionResetError` after ``latency``), else gets one of
-    ``error_statuses`` with probability ``error_rate``, else a 200.
+    ``error_statuses`` with probability ``error_rate`` (after
+    ``error_latency``), else a 200.
+
+    With an ``origin`` the 200s come from that server model instead (a
+    :class:`CapacityServer` gives random errors in front of a server whose
+    latency grows with load); the failures never reach it.
 
     :param latency: seconds of a normal response (± ``jitter`` as a fraction).
     :param jitter: randomization of ``latency``.
     :param error_rate: probability of a 5xx.
     :param error_statuses: the statuses of errors, picked uniformly.
+    :param error_latency: seconds an error takes; ``None`` = like a normal
+        response (``latency`` ± ``jitter``).
     :param timeout_rate: probability of a timeout.
     :param timeout: seconds until the client gives up on a hanging request.
     :param reset_rate: probability of a dropped connection.
+    :param origin: the server of the successful requests; ``None`` = a 200
+        after ``latency``.
     :param size: bytes of a normal response.
 
     Usage::
 
         FlakyServer(error_rate=0.1, timeout_rate=0.02, timeout=10.0)
+        # 50 requests/s at most, 5 % immediate 503s in front:
+        FlakyServer(
+            error_rate=0.05, error_statuses=(503,), error_latency=0.001, timeout_rate=0.0,
+            origin=CapacityServer(workers=10, service_time=0.2),
+        )
     """
 
     latency: float = attrs.field(default=0.1, validator=non_negative)
@@ -419,12 +514,23 @@ class FlakyServer:
     error_statuses: tuple[int, ...] = attrs.field(
         default=(500, 502, 503), converter=_as_tuple, validator=_statuses
     )
+    error_latency: float | None = attrs.field(default=None, validator=optional_non_negative)
     timeout_rate: float = attrs.field(default=0.02, validator=fraction)
     timeout: float = attrs.field(default=10.0, validator=non_negative)
     reset_rate: float = attrs.field(default=0.0, validator=fraction)
+    origin: ServerModel | None = attrs.field(default=None)
     size: int = attrs.field(default=10_000, validator=_size)
 
+    @origin.validator
+    def _check_origin(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is not None and not isinstance(value, ServerModel):
+            raise TypeError(f"origin must be a server model (with start()) or None, got {value!r}")
+
     def start(self, rng: random.Random) -> Responder:
+        origin = (
+            None if self.origin is None else self.origin.start(random.Random(rng.getrandbits(64)))
+        )
+
         def respond(request: SimRequest, now: float) -> SimResponse:
             draw = rng.random()
             if draw < self.timeout_rate:
@@ -443,7 +549,11 @@ class FlakyServer:
                 )
             draw -= self.reset_rate
             if draw < self.error_rate:
+                if self.error_latency is not None:
+                    latency = self.error_latency
                 return SimResponse(status=rng.choice(self.error_statuses), latency=latency)
+            if origin is not None:
+                return origin(request, now)
             return SimResponse(status=200, latency=latency, size=self.size)
 
         return respond

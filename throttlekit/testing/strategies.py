@@ -253,6 +253,7 @@ def _server() -> st.SearchStrategy[ServerModel]:
         workers=st.integers(1, 4),
         service_time=_grid(0.01, 1.0, 0.01),
         jitter=st.sampled_from([0.0, 0.2]),
+        exponential=st.booleans(),
         max_queue=st.none() | _grid(0.5, 5.0, 0.5),
     )
     quota = st.builds(
@@ -264,6 +265,7 @@ def _server() -> st.SearchStrategy[ServerModel]:
         latency=latency,
         retry_after=st.sampled_from(["reset", None, 1, 2, 5]),
         rate_limit_headers=st.sampled_from([None, "ietf", "legacy", "x-ratelimit"]),
+        changes=st.sampled_from([(), ((2.0, 2),), ((1.0, 1), (3.0, 12))]),
     )
     return st.one_of(
         st.builds(FixedServer, latency=latency, status=st.sampled_from([200, 200, 404, 503])),
@@ -284,6 +286,8 @@ def _server() -> st.SearchStrategy[ServerModel]:
             timeout_rate=_grid(0.0, 0.2, 0.05),
             timeout=_grid(0.5, 10.0, 0.5),
             reset_rate=_grid(0.0, 0.2, 0.05),
+            error_latency=st.none() | _grid(0.0, 0.01, 0.001),
+            origin=st.none() | capacity,
         ),
     )
 
