@@ -60,12 +60,14 @@ class RunConfig:
     repeats: int = 7
     #: Wall seconds one repeat of one per-op measurement should last.
     repeat_seconds: float = 0.08
+    #: Seconds of each run of the throttling-quality suite (``None``: its default).
+    run_seconds: float | None = None
 
     @classmethod
-    def make(cls, *, quick: bool) -> RunConfig:
+    def make(cls, *, quick: bool, run_seconds: float | None = None) -> RunConfig:
         if quick:
-            return cls(quick=True, repeats=3, repeat_seconds=0.01)
-        return cls()
+            return cls(quick=True, repeats=3, repeat_seconds=0.01, run_seconds=run_seconds)
+        return cls(run_seconds=run_seconds)
 
 
 @dataclass

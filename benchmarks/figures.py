@@ -13,7 +13,7 @@ A spec::
         "panels": [
             {
                 "title": "...", "xlabel": "...", "ylabel": "...",
-                "lines": [{"label": "...", "x": [...], "y": [...]}],
+                "lines": [{"label": "...", "x": [...], "y": [...]}],  # "style": "dashed"
                 "hlines": [{"y": 10.0, "label": "capacity"}],
             },
         ],
@@ -84,7 +84,18 @@ def draw_figures(document: dict[str, Any], directory: Path) -> list[Path]:
         )
         for axis, panel in zip(axes.flat, panels, strict=False):
             for line in panel.get("lines", []):
-                axis.plot(line["x"], line["y"], label=line["label"], linewidth=1.4)
+                if line.get("style") == "dashed":
+                    axis.plot(
+                        line["x"],
+                        line["y"],
+                        label=line["label"],
+                        color="0.4",
+                        linestyle="--",
+                        linewidth=1.0,
+                        drawstyle="steps-mid",
+                    )
+                else:
+                    axis.plot(line["x"], line["y"], label=line["label"], linewidth=1.4)
             for hline in panel.get("hlines", []):
                 axis.axhline(
                     hline["y"], color="0.4", linestyle="--", linewidth=1.0, label=hline["label"]

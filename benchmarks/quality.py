@@ -1,50 +1,43 @@
-"""The throttling-quality suite: adaptive throttling against local sites that behave like real ones.
+"""The throttling-quality suite: how much of what each site allows a client uses, and at what cost.
 
-Four sites (:mod:`benchmarks.quality_sites`), each crawled by three clients
-with the same request list and the same time budget:
+Nine local sites (:data:`SITES`), each a :mod:`throttlekit.testing` server
+model served over HTTP (:mod:`benchmarks.quality_sites`), crawled side by
+side by the clients of :data:`CLIENTS`:
 
-* **capacity** -- an M/M/4 server (4 workers, 50 ms mean service time): 80
-  requests per second at most, latency grows with load;
-* **quota** -- 10 requests per sliding second, 429 with ``Retry-After: 1``
-  beyond, 50 ms pages;
-* **fast-429** -- 4 requests per sliding second, a 2 ms 429 (no
-  ``Retry-After``) beyond, 200 ms pages: to a latency-driven controller the
-  refusals look like a fast, healthy server;
-* **cdn** -- every page in 5 ms, no limit.
+* **Scrapy AutoThrottle** -- Scrapy's own AutoThrottle with its defaults,
+  ``DOWNLOAD_DELAY = 0`` and 16 requests per domain;
+* **Backoff+AutoThrottle** -- throttlekit 0.1's configuration,
+  ``ScopePolicy(concurrency=16, delay=0, slot_delay=0,
+  autothrottle=AutoThrottle())`` (backoff is on by default), through httpx and
+  through Scrapy's middleware;
+* **Adaptive** -- ``ScopePolicy(concurrency=16, delay=0, slot_delay=0,
+  adaptive=Adaptive())``, through httpx and through Scrapy; measured when
+  ``throttlekit.Adaptive`` exists, skipped with a "not available" line until then.
 
-The clients:
+Every number comes from the site's own records (arrival, answer, status, the
+wait it announced), counted over the run's length from the first request
+that reached the site. What is measured, per client and site: the share of
+the allowed rate served (200s) over the whole run and over its second half,
+the share refused, the requests sent inside a wait the site had announced to
+that client, the p95 latency at the site against its p95 one request at a
+time (measured per site, by a client that sends one request at a time), the
+time to reach 90 % of the allowed rate, and on the changing quota the time
+to follow each change. Targets (the issue's, DESIGN.md's) are PASS/MISS lines.
 
-* **Scrapy + AutoThrottle** -- Scrapy's own AutoThrottle with its defaults
-  (start delay 5 s, target concurrency 1.0), ``DOWNLOAD_DELAY = 0`` and 32
-  requests per domain so that the delay is what limits it;
-* **Scrapy + throttlekit** -- the same settings, with throttlekit's
-  middleware instead of Scrapy's throttling: throttlekit's AutoThrottle (the
-  same ``AUTOTHROTTLE_*`` numbers) plus its default backoff (429/5xx,
-  ``Retry-After``);
-* **httpx + throttlekit** -- the same configuration through
-  :meth:`Limiter.from_settings <throttlekit.Limiter.from_settings>` and
-  :class:`~throttlekit.adapters.httpx.ThrottledTransport`.
-
-Why that configuration (see :data:`THROTTLEKIT_SETTINGS`): it is what a
-crawl that knows nothing about its sites would use to go as fast as each
-site allows without errors -- latency to protect servers that slow down,
-backoff and ``Retry-After`` for servers that refuse -- and it keeps every
-knob that Scrapy's AutoThrottle also has at the value Scrapy's run uses, so
-a difference between the rows comes from the controllers, not from tuning.
-No knob is set from what the benchmark knows about a site's rate.
-:class:`~throttlekit.Rampup` is not used: it aims at a target number of
-errors per window by design, and Scrapy's settings can only switch it on for
-scopes named in advance.
-
-Every number comes from the site's own records (arrival, completion,
-status of each request), counted over the budget from the first request
-that reached the site. Each run gets a fresh site on a new port, and each
-client runs in its own process, so the site and the client each have a
-core on a 2-core machine.
+How the runs are laid out on a 2-core machine: first the one-at-a-time
+baselines of every site at once; then, per client, the six policy sites at
+once (light, rate-bound traffic: a few client processes that sleep most of
+the time), and each of the three load-sensitive sites (capacity, errors,
+CDN) alone. Each run gets a fresh site on its own port (same seed for every
+client) and each client is its own process. A ``--quick`` run instead sends
+every client to every site in one process per client, for a few seconds: it
+only shows that the machinery works.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import math
 import os
@@ -53,115 +46,273 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from ._harness import RunConfig, Skip, Suite, SuiteResult, Table, Target
-from .quality_sites import (
-    CapacitySite,
-    FixedSite,
-    QuotaSite,
-    Record,
-    RunningSite,
-    SiteModel,
-    SiteServer,
+from throttlekit.testing import (
+    CapacityServer,
+    CDNServer,
+    FlakyServer,
+    QuotaServer,
+    ServerModel,
 )
 
+from ._harness import RunConfig, Skip, Suite, SuiteResult, Table, Target
+from .quality_sites import Record, RunningSite, SiteServer
+
 __all__ = [
+    "BASELINE",
     "CLIENTS",
     "SITES",
     "SUITES",
-    "THROTTLEKIT_SETTINGS",
     "Client",
     "Site",
+    "adaptive_available",
+    "allowed",
+    "allowed_rate",
+    "inside_waits",
     "measure",
+    "reach_time",
     "run_quality",
-    "settle_time",
 ]
 
 REPO = Path(__file__).resolve().parent.parent
 
-#: Seconds each client crawls each site (a full run), and in a ``--quick`` run.
-BUDGET = 25.0
-QUICK_BUDGET = 2.0
-#: Seconds a client goes on after its budget: what the site counts starts at
-#: its first request, a little after the client started.
+#: Seconds each client crawls each site in a full run, and in a ``--quick`` run
+#: (``--run-seconds`` overrides both).
+BUDGET = 60.0
+QUICK_BUDGET = 3.0
+#: Seconds a client goes on after its budget: the counted span starts at the
+#: site's first request, a little after the client started.
 STOP_MARGIN = 2.0
-#: The moving throughput used for the time to settle, and the band around its final value.
-SETTLE_WINDOW = 10.0
-SETTLE_BAND = 0.10
-#: A run has settled only if it stayed in the band at least this long before the end.
-SETTLE_HOLD = 5.0
-#: Requests per site in the request list: more than any client gets through.
-REQUESTS_PER_SITE = 1_000_000
-#: The DESIGN.md target.
-TARGET_SHARE = 0.95
-TARGET_429 = 0.02
+#: The one-at-a-time baseline: seconds at most, and the 200s per site it stops after.
+BASELINE_SECONDS = 12.0
+BASELINE_SAMPLES = 200
+#: Seconds the baseline clients wait before their first request: they start
+#: together, and the others' start-up would slow the site's answers.
+BASELINE_SETTLE = 3.0
+QUICK_BASELINE_SECONDS = 2.0
+QUICK_BASELINE_SAMPLES = 20
+#: Tasks sending requests in the httpx client (four times the ceiling: the limiter binds).
+HTTPX_WORKERS = 64
+#: A request that reaches the site less than this long after a response
+#: announcing a wait was sent before the client could have read it.
+GRACE = 0.010
+#: Time to reach: the first trailing window of this many seconds with at
+#: least this share of the allowed rate served.
+REACH_WINDOW = 5.0
+REACH_SHARE = 0.90
+#: Following a change: a trailing window of this many seconds after the change
+#: with this share of the new rate served and fewer than TARGET_REFUSED refused.
+FOLLOW_WINDOW = 2.0
+STEP = 0.25
+
+#: The targets (issue 13, DESIGN.md).
+TARGET_POLICY_SHARE = 0.95
+TARGET_REFUSED = 0.02
+TARGET_REACH_S = 15.0
+TARGET_LOAD_SHARE = 0.90
+TARGET_P95_RATIO = 2.0
+TARGET_ERRORS_SHARE = 0.90
+TARGET_FOLLOW_S = 5.0
+
+
+# -- the sites ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Site:
-    """A site of the suite: its model and capacity (pages/s; ``None`` = unlimited)."""
+    """A site of the suite.
+
+    ``kind`` says which targets apply: ``"policy"`` (a quota enforced with
+    refusals or headers), ``"load"`` (latency grows with load, never refuses),
+    ``"errors"`` (random 5xx in front of a capacity) or ``"unlimited"``.
+    ``build(budget)`` makes its server model for a run of ``budget`` seconds
+    (only the changing quota depends on it).
+    """
 
     name: str
-    model: SiteModel
-    capacity: float | None
+    kind: str
+    build: Callable[[float], ServerModel]
     headline: str
     summary: str
 
+    def model(self, budget: float) -> ServerModel:
+        return self.build(budget)
 
-_CAPACITY = CapacitySite(workers=4, service_time=0.05)
+
+def _changing(budget: float) -> QuotaServer:
+    return QuotaServer(
+        limit=10,
+        window=1.0,
+        sliding=True,
+        latency=0.05,
+        reject_latency=0.001,
+        retry_after=1,
+        changes=((budget / 3, 5), (2 * budget / 3, 15)),
+    )
+
 
 SITES: tuple[Site, ...] = (
     Site(
-        "capacity",
-        _CAPACITY,
-        _CAPACITY.capacity,
-        "M/M/4 server, 80 pages/s",
-        "4 workers, exponential service times of 50 ms on average, first come first "
-        "served (M/M/4): 80 pages/s at most; beyond, requests queue and latency grows",
-    ),
-    Site(
         "quota",
-        QuotaSite(limit=10, window=1.0, latency=0.05, reject_latency=0.001, retry_after=1),
-        10.0,
-        "10 pages per sliding second, Retry-After",
-        "10 pages per sliding second; beyond, 429 in 1 ms with Retry-After: 1; pages in 50 ms",
+        "policy",
+        lambda budget: QuotaServer(
+            limit=10, window=1.0, sliding=True, latency=0.05, reject_latency=0.001, retry_after=1
+        ),
+        "10/s sliding, 429 + Retry-After: 1",
+        "10 requests per sliding second; beyond, 429 in 1 ms with Retry-After: 1; pages in 50 ms",
     ),
     Site(
         "fast-429",
-        QuotaSite(limit=4, window=1.0, latency=0.2, reject_latency=0.002, retry_after=None),
-        4.0,
-        "4 pages per sliding second, fast 429s",
-        "4 pages per sliding second; beyond, 429 in 2 ms without Retry-After; pages in 200 ms",
+        "policy",
+        lambda budget: QuotaServer(
+            limit=20,
+            window=1.0,
+            sliding=True,
+            latency=0.05,
+            reject_latency=0.001,
+            retry_after=None,
+        ),
+        "20/s sliding, bare 429 in 1 ms",
+        "20 requests per sliding second; beyond, a bare 429 (no header) in 1 ms; pages in 50 ms",
+    ),
+    Site(
+        "header-quota",
+        "policy",
+        lambda budget: QuotaServer(
+            limit=10,
+            window=1.0,
+            latency=0.05,
+            reject_latency=0.001,
+            retry_after=None,
+            rate_limit_headers="ietf",
+        ),
+        "10 per 1 s fixed window, draft-10 RateLimit",
+        "10 requests per fixed 1 s window; every response has draft-10 RateLimit-Policy "
+        '("default";q=10;w=1) and RateLimit ("default";r=..;t=..) with t in whole seconds; '
+        "beyond, 429 in 1 ms with those headers only; pages in 50 ms",
+    ),
+    Site(
+        "x-ratelimit",
+        "policy",
+        lambda budget: QuotaServer(
+            limit=60,
+            window=10.0,
+            latency=0.05,
+            reject_latency=0.001,
+            retry_after=None,
+            rate_limit_headers="x-ratelimit",
+            reset_format="epoch",
+        ),
+        "60 per 10 s fixed window, X-RateLimit epoch reset",
+        "60 requests per fixed 10 s window; every response has X-RateLimit-Limit, "
+        "-Remaining and -Reset (epoch seconds, ms precision); beyond, 429 in 1 ms with "
+        "those headers only; pages in 50 ms",
+    ),
+    Site(
+        "long-window",
+        "policy",
+        lambda budget: QuotaServer(
+            limit=60,
+            window=60.0,
+            sliding=True,
+            latency=0.05,
+            reject_latency=0.001,
+            retry_after=None,
+        ),
+        "60 per sliding minute, bare 429",
+        "60 requests per sliding 60 s; beyond, a bare 429 in 1 ms; pages in 50 ms",
+    ),
+    Site(
+        "changing",
+        "policy",
+        _changing,
+        "10/s, then 5/s, then 15/s; Retry-After: 1",
+        "the quota site's rules, with the quota changing at a third and at two thirds of the "
+        "run: 10, then 5, then 15 requests per sliding second",
+    ),
+    Site(
+        "capacity",
+        "load",
+        lambda budget: CapacityServer(workers=4, service_time=0.05, exponential=True),
+        "4 workers x 50 ms (80/s), latency grows with load",
+        "4 workers, exponential service times of 50 ms on average, first come first served "
+        "(M/M/4): 80 requests/s at most; beyond, requests queue and latency grows; never refuses",
+    ),
+    Site(
+        "errors",
+        "errors",
+        lambda budget: FlakyServer(
+            error_rate=0.05,
+            error_statuses=(503,),
+            error_latency=0.001,
+            timeout_rate=0.0,
+            origin=CapacityServer(workers=5, service_time=0.1, exponential=True),
+        ),
+        "50/s capacity, 5 % random immediate 503s",
+        "5 workers, exponential service times of 100 ms on average (50 requests/s at most); "
+        "5 % of requests, at random, get a 503 in 1 ms without reaching a worker",
     ),
     Site(
         "cdn",
-        FixedSite(latency=0.005),
-        None,
+        "unlimited",
+        lambda budget: CDNServer(hit_ratio=1.0, hit_latency=0.005),
         "every page in 5 ms, no limit",
-        "every page in 5 ms, however many are in flight; no limit",
+        "every request answered in 5 ms however many are in flight; never refuses",
     ),
 )
 
-#: What every client shares: Scrapy's AutoThrottle defaults (start delay 5 s,
-#: max delay 60 s, target concurrency 1.0), no fixed delay, and per-domain
-#: and total concurrency high enough never to be what limits the crawl.
-COMMON_SETTINGS: dict[str, Any] = {
-    "AUTOTHROTTLE_ENABLED": True,
+
+def allowed_rate(model: ServerModel, t: float) -> float | None:
+    """Requests per second ``model`` allows at its time ``t`` (``None``: no limit)."""
+    if isinstance(model, QuotaServer):
+        return model.rate_at(t)
+    if isinstance(model, CapacityServer):
+        return model.capacity
+    if isinstance(model, FlakyServer) and model.origin is not None:
+        return allowed_rate(model.origin, t)
+    return None
+
+
+def allowed(model: ServerModel, start: float, end: float) -> float | None:
+    """Requests ``model`` allows in ``[start, end)`` of its time, at its allowed rate.
+
+    The rate of a quota is its limit per window (a client that bursts into a
+    fresh fixed window can get more over a short span).
+    """
+    if allowed_rate(model, start) is None:
+        return None
+    changes = model.changes if isinstance(model, QuotaServer) else ()
+    edges = [start, *(at for at, _ in changes if start < at < end), end]
+    total = 0.0
+    for low, high in itertools.pairwise(edges):
+        rate = allowed_rate(model, low)
+        assert rate is not None
+        total += rate * (high - low)
+    return total
+
+
+# -- the clients -------------------------------------------------------------------------
+
+#: The ceiling every client gets: 16 requests in flight per site, no fixed delay.
+CEILING: dict[str, Any] = {"concurrency": 16, "delay": 0.0, "slot_delay": 0.0}
+SCRAPY_CEILING: dict[str, Any] = {
+    "CONCURRENT_REQUESTS": 16,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 16,
     "DOWNLOAD_DELAY": 0,
-    "CONCURRENT_REQUESTS": 32,
-    "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
 }
-#: throttlekit's configuration (both clients): the same, plus its default
-#: backoff, which is on unless turned off. ``DOWNLOAD_DELAY_PER_SLOT = 0``
-#: because Scrapy has no per-slot delay (throttlekit's default of 1 s would
-#: cap each of the 32 slots at one send per second).
-THROTTLEKIT_SETTINGS: dict[str, Any] = {**COMMON_SETTINGS, "DOWNLOAD_DELAY_PER_SLOT": 0}
-MIDDLEWARE_SETTINGS: dict[str, Any] = {
+#: throttlekit's middleware in place of Scrapy's throttling, with the same
+#: ceiling as the httpx client's policy (``DOWNLOAD_DELAY_PER_SLOT = 0``,
+#: no jitter: ``ScopePolicy``'s defaults).
+MIDDLEWARE: dict[str, Any] = {
+    **SCRAPY_CEILING,
+    "DOWNLOAD_DELAY_PER_SLOT": 0,
+    "RANDOMIZE_DOWNLOAD_DELAY": False,
     "DOWNLOADER_MIDDLEWARES": {"throttlekit.adapters.scrapy.ThrottlingMiddleware": 950},
     # The extension would only adjust the slot delays the middleware neutralises.
     "EXTENSIONS": {"scrapy.extensions.throttle.AutoThrottle": None},
@@ -170,53 +321,98 @@ MIDDLEWARE_SETTINGS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Client:
-    """A crawling client: ``kind`` is the process to run (``"scrapy"`` or ``"httpx"``)."""
+    """A crawling client.
+
+    ``kind`` is the process to run (``"scrapy"``, ``"httpx"`` or
+    ``"baseline"``); ``settings`` are its Scrapy settings, ``policy`` its
+    ``ScopePolicy`` keywords (httpx, see :mod:`benchmarks.quality_clients`);
+    ``family`` groups the clients of one throttling configuration
+    (``"scrapy"``, ``"backoff"``, ``"adaptive"``).
+    """
 
     name: str
     kind: str
-    settings: dict[str, Any]
-    throttlekit: bool
-    needs: tuple[str, ...]
+    family: str
     summary: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    policy: dict[str, Any] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+
+    @property
+    def configuration(self) -> dict[str, Any]:
+        return self.policy if self.kind == "httpx" else self.settings
 
 
 CLIENTS: tuple[Client, ...] = (
     Client(
-        "Scrapy + AutoThrottle",
+        "Scrapy AutoThrottle",
         "scrapy",
-        COMMON_SETTINGS,
-        False,
-        ("scrapy",),
-        "Scrapy's AutoThrottle extension, its defaults; Scrapy's retries on (as by default)",
+        "scrapy",
+        "Scrapy's AutoThrottle extension with its defaults; Scrapy's retries on (as by default)",
+        settings={**SCRAPY_CEILING, "AUTOTHROTTLE_ENABLED": True},
+        needs=("scrapy",),
     ),
     Client(
-        "Scrapy + throttlekit",
-        "scrapy",
-        {**THROTTLEKIT_SETTINGS, **MIDDLEWARE_SETTINGS},
-        True,
-        ("scrapy",),
-        "throttlekit's middleware: its AutoThrottle with the same numbers, and its "
-        "default backoff; Scrapy's retries on (as by default)",
-    ),
-    Client(
-        "httpx + throttlekit",
+        "Backoff+AutoThrottle / httpx",
         "httpx",
-        THROTTLEKIT_SETTINGS,
-        True,
-        ("httpx",),
-        "httpx.AsyncClient over ThrottledTransport, Limiter.from_settings(same settings), "
+        "backoff",
+        "throttlekit 0.1's configuration: httpx.AsyncClient over ThrottledTransport, "
+        "ScopePolicy(concurrency=16, delay=0, slot_delay=0, autothrottle=AutoThrottle()) "
+        "(its default Backoff on); 64 tasks sending; no retries",
+        policy={**CEILING, "autothrottle": {}},
+        needs=("httpx",),
+    ),
+    Client(
+        "Backoff+AutoThrottle / Scrapy",
+        "scrapy",
+        "backoff",
+        "the same policy through throttlekit's Scrapy middleware (AUTOTHROTTLE_ENABLED); "
+        "Scrapy's retries on",
+        settings={**MIDDLEWARE, "AUTOTHROTTLE_ENABLED": True},
+        needs=("scrapy",),
+    ),
+    Client(
+        "Adaptive / httpx",
+        "httpx",
+        "adaptive",
+        "httpx.AsyncClient over ThrottledTransport, "
+        "ScopePolicy(concurrency=16, delay=0, slot_delay=0, adaptive=Adaptive()); "
         "64 tasks sending; no retries",
+        policy={**CEILING, "adaptive": {}},
+        needs=("httpx",),
+    ),
+    Client(
+        "Adaptive / Scrapy",
+        "scrapy",
+        "adaptive",
+        "the same through throttlekit's Scrapy middleware (THROTTLING_ADAPTIVE = True); "
+        "Scrapy's retries on",
+        settings={**MIDDLEWARE, "THROTTLING_ADAPTIVE": True},
+        needs=("scrapy",),
     ),
 )
 
-#: Tasks sending requests in the httpx client (twice the concurrency: the limiter binds).
-HTTPX_WORKERS = 64
+#: The one-at-a-time client that measures each site's unloaded latency.
+BASELINE = Client(
+    "one at a time",
+    "baseline",
+    "baseline",
+    "a plain httpx.AsyncClient sending one request at a time",
+    needs=("httpx",),
+)
+
+
+def adaptive_available() -> bool:
+    """Whether this checkout of throttlekit has the Adaptive controller."""
+    import throttlekit
+
+    return hasattr(throttlekit, "Adaptive")
 
 
 # -- measuring ---------------------------------------------------------------------------
 
 
-def _percentile(values: list[float], fraction: float) -> float | None:
+def _percentile(values: Sequence[float], fraction: float) -> float | None:
     """The nearest-rank percentile of ``values`` (``None`` when empty)."""
     if not values:
         return None
@@ -224,117 +420,145 @@ def _percentile(values: list[float], fraction: float) -> float | None:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def moving_throughput(
-    done: list[float], *, duration: float, window: float = SETTLE_WINDOW, step: float = 0.5
-) -> list[tuple[float, float]]:
-    """``(t, rate)`` every ``step`` seconds from ``step`` to ``duration``: completions
-    per second in the trailing ``window`` (in ``[0, t]`` while ``t < window``).
+def inside_waits(records: Sequence[Record], *, start: float, end: float) -> int:
+    """Requests arriving in ``[start, end)`` inside a wait the site announced before.
 
-    ``done`` holds completion times, in seconds from the start.
+    A response announcing ``wait`` seconds, sent at ``finished``, covers
+    ``(finished + GRACE, finished + wait)``: a request arriving in it was
+    sent after the client could have read that it should wait.
     """
-    ordered = sorted(done)
-    points = []
-    count = max(1, round(duration / step))
-    low = high = 0
-    for index in range(1, count + 1):
-        t = min(duration, index * step)
-        start = max(0.0, t - window)
-        while high < len(ordered) and ordered[high] <= t:
-            high += 1
-        while low < high and ordered[low] <= start and start > 0:
-            low += 1
-        points.append((t, (high - low) / (t - start)))
-    return points
+    spans = sorted(
+        (finished + GRACE, finished + wait) for _, finished, _, wait in records if wait > GRACE
+    )
+    merged: list[list[float]] = []
+    for low, high in spans:
+        if merged and low <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    lows = [low for low, _ in merged]
+    count = 0
+    for arrived, *_ in records:
+        if not start <= arrived < end:
+            continue
+        index = bisect.bisect_right(lows, arrived) - 1
+        if index >= 0 and arrived < merged[index][1]:
+            count += 1
+    return count
 
 
-def settle_time(
-    points: list[tuple[float, float]],
+def reach_time(
+    served: Sequence[float],
+    model: ServerModel,
     *,
-    band: float = SETTLE_BAND,
-    hold: float = SETTLE_HOLD,
-    start: float = 1.0,
+    budget: float,
+    window: float = REACH_WINDOW,
+    share: float = REACH_SHARE,
 ) -> float | None:
-    """When the moving throughput ``points`` entered the band around its final value for good.
+    """The end of the first trailing ``window`` (seconds from the start, in steps of
+    :data:`STEP`) in which ``served`` (200s' arrival times, from the start) reached
+    ``share`` of the allowed rate; ``None`` if none did within ``budget``."""
+    ordered = sorted(served)
+    t = window
+    while t <= budget + 1e-9:
+        quota = allowed(model, t - window, t)
+        count = bisect.bisect_left(ordered, t) - bisect.bisect_left(ordered, t - window)
+        if quota and count >= share * quota:
+            return t
+        t += STEP
+    return None
 
-    The first ``t >= start`` after which every point stays within ``band``
-    (a fraction) of the last point's value; ``None`` when that lasted less
-    than ``hold`` seconds before the end (it did not settle in the run).
+
+def follow_times(
+    records: Sequence[tuple[float, int]], model: ServerModel, *, budget: float
+) -> list[float | None]:
+    """For each change of a changing quota: seconds until the client followed it.
+
+    ``records`` are ``(arrival from the start, status)``. Followed means a
+    trailing :data:`FOLLOW_WINDOW` after the change with at least
+    :data:`REACH_SHARE` of the new rate served and fewer than
+    :data:`TARGET_REFUSED` of the responses refused; ``None`` if that never
+    happened before the next change (or the end).
     """
-    if not points:
-        return None
-    final = points[-1][1]
-    limit = band * final
-    settled = points[-1][0]
-    for t, rate in reversed(points):
-        if t < start or abs(rate - final) > limit:
-            break
-        settled = t
-    if points[-1][0] - settled < hold:
-        return None
-    return settled
+    if not isinstance(model, QuotaServer):
+        return []
+    changes = [at for at, _ in model.changes if at < budget]
+    ordered = sorted(records)
+    times = [t for t, _ in ordered]
+    found: list[float | None] = []
+    for index, at in enumerate(changes):
+        until = changes[index + 1] if index + 1 < len(changes) else budget
+        t = at + FOLLOW_WINDOW
+        result = None
+        while t <= until + 1e-9:
+            low, high = bisect.bisect_left(times, t - FOLLOW_WINDOW), bisect.bisect_left(times, t)
+            window = ordered[low:high]
+            ok = sum(1 for _, status in window if status == 200)
+            refused = len(window) - ok
+            quota = allowed(model, t - FOLLOW_WINDOW, t) or 0.0
+            if window and ok >= REACH_SHARE * quota and refused < TARGET_REFUSED * len(window):
+                result = t - at
+                break
+            t += STEP
+        found.append(result)
+    return found
 
 
 def measure(
-    records: list[Record],
+    records: Sequence[Record],
     *,
+    model: ServerModel,
     budget: float,
-    capacity: float | None,
     start: float | None = None,
-    series_step: float = 1.0,
+    baseline_p95: float | None = None,
 ) -> dict[str, Any]:
     """The numbers of one (site, client) run, from the site's records.
 
-    Counted over ``[t0, t0 + budget)`` where ``t0`` is ``start``, by default
-    the first arrival:
-    responses completed in that span, 200s per second (``throughput``) and as
-    a share of ``capacity``, 429s and their share of all responses, the p95
-    latency of the 200s (arrival to completion, as the site saw it), the
-    200s per second of the last :data:`SETTLE_WINDOW` seconds, the time to
-    settle, and the 200s per ``series_step`` seconds (for the plot).
+    Counted over the requests that arrived in ``[t0, t0 + budget)``, where
+    ``t0`` is ``start`` (by default the first arrival): 200s per second and
+    as a share of what ``model`` allows (whole run, second half), the share
+    refused (every other status), requests inside an announced wait, the p95
+    latency of the 200s (arrival to answer, as the site saw it) and its ratio
+    to ``baseline_p95``, the time to reach 90 % of the allowed rate, the time
+    to follow each quota change, and per second the 200s and the allowed rate.
     """
-    buckets = [0] * max(1, math.ceil(budget / series_step - 1e-9))
-    if not records:
-        return {
-            "throughput": 0.0,
-            "share": 0.0 if capacity else None,
-            "final_throughput": 0.0,
-            "final_share": 0.0 if capacity else None,
-            "responses": 0,
-            "ok": 0,
-            "status_429": 0,
-            "share_429": None,
-            "other": 0,
-            "p95_ms": None,
-            "settle_s": None,
-            "series": [0.0] * len(buckets),
-        }
-    t0 = min(arrived for arrived, _, _ in records) if start is None else start
-    end = t0 + budget
-    answered = [(arrived, done, status) for arrived, done, status in records if done < end]
-    ok = [(arrived, done) for arrived, done, status in answered if status == 200]
-    throttled = sum(1 for *_, status in answered if status == 429)
-    other = len(answered) - len(ok) - throttled
-    done = [finished - t0 for _, finished in ok]
-    points = moving_throughput(done, duration=budget)
-    final = points[-1][1] if points else 0.0
-    for t in done:
-        buckets[min(len(buckets) - 1, int(t / series_step))] += 1
-    throughput = len(ok) / budget
-    p95 = _percentile([finished - arrived for arrived, finished in ok], 0.95)
+    seconds = max(1, math.ceil(budget - 1e-9))
+    rates = [allowed_rate(model, index + 0.5) for index in range(seconds)]
+    if start is None:
+        start = min((arrived for arrived, *_ in records), default=0.0)
+    t0 = start
+    end, middle = t0 + budget, t0 + budget / 2
+    counted = [(a, f, s, w) for a, f, s, w in records if t0 <= a < end]
+    ok = [(a, f) for a, f, s, _ in counted if 200 <= s < 300]
+    refused = len(counted) - len(ok)
+    quota, second_half = allowed(model, 0.0, budget), allowed(model, budget / 2, budget)
+    ok_second = sum(1 for a, _ in ok if a >= middle)
+    p95 = _percentile([f - a for a, f in ok], 0.95)
+    served = [a - t0 for a, _ in ok]
+    series = [0] * seconds
+    for t in served:
+        series[min(seconds - 1, int(t))] += 1
     return {
-        "throughput": throughput,
-        "share": throughput / capacity if capacity else None,
-        "final_throughput": final,
-        "final_share": final / capacity if capacity else None,
-        "responses": len(answered),
+        "requests": len(counted),
         "ok": len(ok),
-        "status_429": throttled,
-        "share_429": throttled / len(answered) if answered else None,
-        "other": other,
+        "refused": refused,
+        "throughput": len(ok) / budget,
+        "share": len(ok) / quota if quota else None,
+        "share_second_half": ok_second / second_half if second_half else None,
+        "refused_share": refused / len(counted) if counted else None,
+        "inside_waits": inside_waits(records, start=t0, end=end),
         "p95_ms": None if p95 is None else p95 * 1000.0,
-        "settle_s": settle_time(points),
-        "series": [count / series_step for count in buckets],
+        "p95_ratio": None if p95 is None or not baseline_p95 else p95 / baseline_p95,
+        "reach_s": reach_time(served, model, budget=budget) if quota else None,
+        "follow_s": follow_times([(a - t0, s) for a, _, s, _ in counted], model, budget=budget),
+        "series": [float(count) for count in series],
+        "allowed_series": rates,
     }
+
+
+def baseline_p95(records: Sequence[Record]) -> float | None:
+    """The p95 latency (seconds) of the 200s of a one-at-a-time run."""
+    return _percentile([f - a for a, f, s, _ in records if 200 <= s < 300], 0.95)
 
 
 # -- running -----------------------------------------------------------------------------
@@ -348,14 +572,19 @@ class _Run:
     sites: tuple[Site, ...]
     budget: float
     workdir: Path
+    baseline: tuple[float, int] = (BASELINE_SECONDS, BASELINE_SAMPLES)
     process: subprocess.Popen[bytes] | None = None
+    models: dict[str, ServerModel] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    origins: dict[str, float | None] = field(default_factory=dict)
     records: dict[str, list[Record]] = field(default_factory=dict)
     load: float | None = None
-    server_cpu: float = 0.0
     wall: float = 0.0
     result: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.models = {site.name: site.model(self.budget) for site in self.sites}
 
     @property
     def tag(self) -> str:
@@ -366,11 +595,14 @@ class _Run:
         return {
             "client": self.client.kind,
             "settings": self.client.settings,
+            "policy": self.client.policy,
             "sites": [
-                {"name": site.name, "url": self.urls[site.name], "count": REQUESTS_PER_SITE}
+                {"name": site.name, "url": self.urls[site.name], "count": 1_000_000}
                 for site in self.sites
             ],
-            "budget": self.budget,
+            "budget": self.baseline[0] if self.client.kind == "baseline" else self.budget,
+            "samples": self.baseline[1],
+            "settle": BASELINE_SETTLE,
             "margin": STOP_MARGIN,
             "workers": HTTPX_WORKERS,
             "sample_interval": 0.5,
@@ -420,23 +652,17 @@ class _Run:
             )
         self.result = json.loads(output.read_text(encoding="utf-8"))
 
-    @property
-    def start_time(self) -> float | None:
-        """When the first request of the run reached a site (the counted span starts)."""
-        return min(
-            (arrived for records in self.records.values() for arrived, _, _ in records),
-            default=None,
-        )
-
     def check(self) -> None:
-        """The client must have been crawling for the whole counted span."""
+        """The client must have been crawling for the whole counted span of every site."""
         stopped = self.result.get("stopped")
-        start = self.start_time
-        if start is not None and stopped is not None and stopped < start + self.budget:
-            raise RuntimeError(
-                f"{self.tag}: the client stopped {start + self.budget - stopped:.2f} s before "
-                "the end of the budget (its first request came late); rerun"
-            )
+        if self.client.kind == "baseline" or stopped is None:
+            return
+        for name, origin in self.origins.items():
+            if origin is not None and stopped < origin + self.budget:
+                raise RuntimeError(
+                    f"{self.tag}: the client stopped {origin + self.budget - stopped:.2f} s "
+                    f"before the end of {name}'s budget (its first request came late); rerun"
+                )
 
 
 def _execute(server: SiteServer, runs: list[_Run]) -> None:
@@ -444,39 +670,49 @@ def _execute(server: SiteServer, runs: list[_Run]) -> None:
     with ExitStack() as stack:
         served: dict[tuple[int, str], RunningSite] = {}
         for number, run in enumerate(runs):
-            for index, site in enumerate(run.sites):
-                seed = SITES.index(site) if site in SITES else index
-                running = stack.enter_context(server.serve(site.model, seed=seed))
+            for site in run.sites:
+                running = stack.enter_context(
+                    server.serve(run.models[site.name], seed=SITES.index(site))
+                )
                 served[number, site.name] = running
                 run.urls[site.name] = running.url
                 run.ports[site.name] = running.port
-        cpu = server.cpu_time()
         for run in runs:
             run.start()
         for run in runs:
             run.wait()
-        cpu = server.cpu_time() - cpu
         for number, run in enumerate(runs):
-            run.server_cpu = cpu / len(runs)
             run.records = {name: list(served[number, name].records) for name in run.urls}
+            run.origins = {name: served[number, name].origin for name in run.urls}
             run.check()
 
 
-def _plan_runs(config: RunConfig, clients: list[Client], workdir: Path) -> list[list[_Run]]:
-    """Groups of runs executed together: one per (site, client) in a full run, one
-    group of every client crawling every site at once in a quick run."""
-    if config.quick:
+def _plan_runs(
+    clients: list[Client], budget: float, quick: bool, workdir: Path
+) -> list[list[_Run]]:
+    """Groups of runs executed together (see the module doc)."""
+    if quick:
+        baseline = (QUICK_BASELINE_SECONDS, QUICK_BASELINE_SAMPLES)
         return [
+            [_Run(BASELINE, SITES, budget, workdir / "quick-baseline", baseline)],
             [
-                _Run(client, SITES, QUICK_BUDGET, workdir / f"quick-{index}")
+                _Run(client, SITES, budget, workdir / f"quick-{index}")
                 for index, client in enumerate(clients)
-            ]
+            ],
         ]
-    return [
-        [_Run(client, (site,), BUDGET, workdir / f"{site.name}-{index}")]
-        for site in SITES
-        for index, client in enumerate(clients)
+    groups = [
+        [_Run(BASELINE, (site,), budget, workdir / f"baseline-{site.name}") for site in SITES]
     ]
+    policy = tuple(site for site in SITES if site.kind == "policy")
+    alone = [site for site in SITES if site.kind != "policy"]
+    for index, client in enumerate(clients):
+        groups.append(
+            [_Run(client, (site,), budget, workdir / f"{site.name}-{index}") for site in policy]
+        )
+        groups.extend(
+            [_Run(client, (site,), budget, workdir / f"{site.name}-{index}")] for site in alone
+        )
+    return groups
 
 
 # -- reporting ---------------------------------------------------------------------------
@@ -486,27 +722,95 @@ def _pct(value: float | None, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value * 100:.{digits}f} %"
 
 
+def _seconds(value: float | None, missing: str = "never") -> str:
+    return missing if value is None else f"{value:g} s"
+
+
 def _settings_text(settings: dict[str, Any]) -> str:
     return ", ".join(f"{name} = {value!r}" for name, value in settings.items())
 
 
-def _verdict(case: dict[str, Any]) -> bool | None:
-    if case["share"] is None or case["share_429"] is None:
+def _allowed_text(model: ServerModel) -> str:
+    if isinstance(model, QuotaServer) and model.changes:
+        rates = [model.rate, *(limit / model.window for _, limit in model.changes)]
+        return " -> ".join(f"{rate:g}" for rate in rates) + "/s"
+    rate = allowed_rate(model, 0.0)
+    return "unlimited" if rate is None else f"{rate:g}/s"
+
+
+def _targets(site: Site, client: Client, case: dict[str, Any]) -> Target | None:
+    """The PASS/MISS line of one (site, client) case."""
+    name = f"{site.name}: {client.name}"
+    if site.kind == "policy":
+        reach = case["reach_s"]
+        checks = [
+            (
+                f"{_pct(case['share_second_half'])} of the allowed rate in the second half "
+                f"({_pct(case['share'])} over the run)",
+                (case["share_second_half"] or 0.0) >= TARGET_POLICY_SHARE,
+            ),
+            (
+                f"{_pct(case['refused_share'], 1)} refused",
+                case["refused_share"] is not None and case["refused_share"] < TARGET_REFUSED,
+            ),
+            (f"{case['inside_waits']} inside announced waits", case["inside_waits"] == 0),
+            (f"90 % reached at {_seconds(reach)}", reach is not None and reach <= TARGET_REACH_S),
+        ]
+        target = (
+            f">= {TARGET_POLICY_SHARE:.0%} of the allowed rate, < {TARGET_REFUSED:.0%} refused, "
+            f"0 inside announced waits, 90 % within {TARGET_REACH_S:g} s"
+        )
+        if case["follow_s"]:
+            followed = case["follow_s"]
+            checks.append(
+                (
+                    "changes followed in " + " / ".join(_seconds(t) for t in followed),
+                    all(t is not None and t <= TARGET_FOLLOW_S for t in followed),
+                )
+            )
+            target += f", each change followed within {TARGET_FOLLOW_S:g} s"
+    elif site.kind == "load":
+        ratio = case["p95_ratio"]
+        checks = [
+            (
+                f"{_pct(case['share_second_half'])} of capacity in the second half "
+                f"({_pct(case['share'])} over the run)",
+                (case["share_second_half"] or 0.0) >= TARGET_LOAD_SHARE,
+            ),
+            (
+                "p95 " + ("n/a" if ratio is None else f"{ratio:.2f}x") + " the one-at-a-time p95",
+                ratio is not None and ratio <= TARGET_P95_RATIO,
+            ),
+        ]
+        target = (
+            f">= {TARGET_LOAD_SHARE:.0%} of capacity at p95 <= {TARGET_P95_RATIO:g}x the "
+            "one-at-a-time p95"
+        )
+    elif site.kind == "errors":
+        checks = [
+            (
+                f"{_pct(case['share_second_half'])} of capacity served in the second half "
+                f"({_pct(case['share'])} over the run; {_pct(case['refused_share'], 1)} 5xx)",
+                (case["share_second_half"] or 0.0) >= TARGET_ERRORS_SHARE,
+            )
+        ]
+        target = f"random 5 % 5xx cost <= {1 - TARGET_ERRORS_SHARE:.0%} of throughput"
+    else:
         return None
-    return bool(case["share"] >= TARGET_SHARE and case["share_429"] < TARGET_429)
+    missed = [text for text, passed in checks if not passed]
+    measured = "; ".join(text for text, _ in checks)
+    if missed:
+        measured += " -- missed: " + "; ".join(missed)
+    return Target(name, target, measured, not missed)
 
 
-def _describe(case: dict[str, Any]) -> str:
-    return f"{_pct(case['share'])} of capacity, {_pct(case['share_429'], 1)} 429s"
-
-
-def _figure(cases: dict[str, dict[str, dict[str, Any]]], budget: float) -> dict[str, Any]:
-    panels = []
+def _figures(cases: dict[str, dict[str, dict[str, Any]]], budget: float) -> list[dict[str, Any]]:
+    figures = []
     for site in SITES:
         per_client = cases.get(site.name, {})
         if not per_client:
             continue
-        lines = [
+        lines: list[dict[str, Any]] = [
             {
                 "label": client,
                 "x": [index + 0.5 for index in range(len(case["series"]))],
@@ -514,269 +818,40 @@ def _figure(cases: dict[str, dict[str, dict[str, Any]]], budget: float) -> dict[
             }
             for client, case in per_client.items()
         ]
-        hlines = [] if site.capacity is None else [{"y": site.capacity, "label": "capacity"}]
-        panels.append(
+        first = next(iter(per_client.values()))
+        if any(rate is not None for rate in first["allowed_series"]):
+            lines.append(
+                {
+                    "label": "allowed",
+                    "x": [index + 0.5 for index in range(len(first["allowed_series"]))],
+                    "y": first["allowed_series"],
+                    "style": "dashed",
+                }
+            )
+        figures.append(
             {
-                "title": f"{site.name}: {site.headline}",
-                "xlabel": "seconds since the first request",
-                "ylabel": "200 responses per second",
-                "lines": lines,
-                "hlines": hlines,
+                "image": f"_static/benchmarks/quality-{site.name}.png",
+                "alt": f"The 200 responses per second of each client on the {site.name} site "
+                "over the run, with the allowed rate as a dashed line.",
+                "caption": f"{site.name} ({site.headline}): 200 responses per second over the "
+                f"{budget:g} s run, per client; dashed: the allowed rate.",
+                "panels": [
+                    {
+                        "title": f"{site.name}: {site.headline}",
+                        "xlabel": "seconds since the first request",
+                        "ylabel": "200 responses per second",
+                        "lines": lines,
+                        "hlines": [],
+                    }
+                ],
             }
         )
-    return {
-        "image": "_static/benchmarks/quality-throughput.png",
-        "alt": "Four panels, one per site, with the 200 responses per second of each "
-        "client over the run and the site's capacity as a dashed line.",
-        "caption": f"Pages served per second over each {budget:g} s run, per site and "
-        "client (the dashed line is the site's capacity).",
-        "panels": panels,
-    }
-
-
-def _final_delay(case: dict[str, Any]) -> str:
-    delays = case.get("delays") or []
-    if not delays:
-        return "n/a"
-    _, delay, level = delays[-1]
-    return f"{delay:.2f} s" + ("" if not level else f" (backoff level {level})")
-
-
-def _shortfalls(cases: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
-    """Per site, where throttlekit served fewer pages, or got more 429s, than AutoThrottle."""
-    reference = CLIENTS[0].name
-    found = []
-    for site in SITES:
-        per_client = cases.get(site.name, {})
-        theirs = per_client.get(reference)
-        ours = [
-            (client.name, per_client[client.name])
-            for client in CLIENTS
-            if client.throttlekit and client.name in per_client
-        ]
-        if theirs is None or not ours:
-            continue
-        behind = [
-            (name, case)
-            for name, case in ours
-            if case["throughput"] < 0.95 * theirs["throughput"]
-            or (case["share_429"] or 0.0) > (theirs["share_429"] or 0.0) + 0.005
-        ]
-        if not behind:
-            continue
-        share = "" if site.capacity is None else " ({})"
-        listed = "; ".join(
-            f"{name} {case['throughput']:.1f} pages/s{share.format(_pct(case['share']))} "
-            f"with {_pct(case['share_429'], 1)} 429s, delay at the end {_final_delay(case)}"
-            for name, case in behind
-        )
-        found.append(
-            f"{site.name} ({site.headline}): {listed}; Scrapy's AutoThrottle "
-            f"{theirs['throughput']:.1f} pages/s{share.format(_pct(theirs['share']))} "
-            f"with {_pct(theirs['share_429'], 1)} 429s."
-        )
-    return found
-
-
-def run_quality(config: RunConfig) -> SuiteResult:
-    """Run every (site, client) case and report them against the DESIGN.md target."""
-    budget = QUICK_BUDGET if config.quick else BUDGET
-    how = (
-        "all four at once, the three clients side by side (a smoke run)"
-        if config.quick
-        else "one site and one client at a time"
-    )
-    result = SuiteResult(
-        "quality",
-        "Throttling quality against local sites",
-        "Three adaptive clients crawl four local sites that behave like real ones, "
-        f"{how}, {budget:g} s each, with the same request list: Scrapy's AutoThrottle "
-        "with its defaults, and throttlekit (its AutoThrottle with the same numbers, plus "
-        "its default backoff) in Scrapy and in httpx. Pages served per second as a share "
-        "of the site's capacity, 429s, p95 latency and time to settle, as the site "
-        "recorded them.",
-    )
-    clients = []
-    for client in CLIENTS:
-        missing = [name for name in client.needs if find_spec(name) is None]
-        if missing:
-            result.skipped.append(Skip(client.name, f"{', '.join(missing)} is not installed"))
-        else:
-            clients.append(client)
-    if not clients:
-        return result
-
-    workdir = Path(tempfile.mkdtemp(prefix="throttlekit-quality-"))
-    runs: list[_Run] = []
-    try:
-        with SiteServer() as server:
-            for group in _plan_runs(config, clients, workdir):
-                _execute(server, group)
-                runs.extend(group)
-                for run in group:
-                    print(f"  {run.tag}: {run.wall:.1f} s", flush=True)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-    cases: dict[str, dict[str, dict[str, Any]]] = {}
-    runs_table = Table(
-        "The runs",
-        [
-            "site",
-            "client",
-            "requests sent",
-            "client CPU",
-            "per request",
-            "site CPU",
-            "wall",
-            "load at start",
-        ],
-    )
-    for run in runs:
-        for site in run.sites:
-            records = run.records[site.name]
-            t0 = run.start_time
-            case = measure(records, budget=run.budget, capacity=site.capacity, start=t0)
-            case["delays"] = _throttling(run.result, run.ports[site.name], t0)
-            cases.setdefault(site.name, {})[run.client.name] = case
-            # A multi-site (quick) run shares its client's CPU among its sites.
-            sent = sum(len(recorded) for recorded in run.records.values())
-            cpu = run.result.get("cpu", 0.0) * len(records) / sent if sent else 0.0
-            runs_table.add(
-                site.name,
-                run.client.name,
-                len(records),
-                f"{cpu:.1f} s",
-                f"{cpu / sent * 1000:.2f} ms" if sent else "n/a",
-                f"{run.server_cpu:.1f} s",
-                f"{run.wall:.1f} s",
-                "n/a" if run.load is None else f"{run.load:.2f}",
-            )
-
-    table = Table(
-        f"Per site and client, over {budget:g} s from the first request",
-        [
-            "site",
-            "client",
-            "pages/s",
-            "share of capacity",
-            "last 10 s",
-            "429s",
-            "429 share",
-            "p95 latency",
-            "time to settle",
-        ],
-    )
-    for site in SITES:
-        for client in clients:
-            found = cases.get(site.name, {}).get(client.name)
-            if found is None:
-                continue
-            case = found
-            table.add(
-                site.name,
-                client.name,
-                f"{case['throughput']:.1f}",
-                _pct(case["share"]),
-                _pct(case["final_share"]) if site.capacity else f"{case['final_throughput']:.0f}/s",
-                case["status_429"],
-                _pct(case["share_429"], 1),
-                "n/a" if case["p95_ms"] is None else f"{case['p95_ms']:.0f} ms",
-                "not settled" if case["settle_s"] is None else f"{case['settle_s']:.0f} s",
-            )
-    result.tables.append(table)
-
-    sites_table = Table("The sites", ["site", "capacity", "behaviour"])
-    for site in SITES:
-        capacity = "unlimited" if site.capacity is None else f"{site.capacity:g} pages/s"
-        sites_table.add(site.name, capacity, site.summary)
-    result.tables.append(sites_table)
-    clients_table = Table("The clients", ["client", "what", "configuration"])
-    for client in clients:
-        clients_table.add(client.name, client.summary, _settings_text(client.settings))
-    result.tables.append(clients_table)
-    result.tables.append(runs_table)
-
-    reference = _cases_for(cases, CLIENTS[0].name)
-    for site in SITES:
-        if site.capacity is None:
-            continue
-        theirs = reference.get(site.name)
-        for client in clients:
-            if not client.throttlekit or client.name not in cases.get(site.name, {}):
-                continue
-            ours = cases[site.name][client.name]
-            side = "" if theirs is None else f" (Scrapy AutoThrottle: {_describe(theirs)})"
-            result.targets.append(
-                Target(
-                    f"{site.name}: {client.name}",
-                    f">= {TARGET_SHARE:.0%} of capacity with < {TARGET_429:.0%} 429s",
-                    _describe(ours) + side,
-                    _verdict(ours),
-                )
-            )
-
-    result.notes.extend(
-        [
-            f"Counted over {budget:g} s from the first request that reached the site: "
-            "pages/s are 200 responses completed per second; the share of capacity divides "
-            "them by the site's capacity; 'last 10 s' is the same over the final 10 s "
-            "(the steady state); the 429 share is 429s over all responses; p95 latency is "
-            "the 95th percentile of the 200s, arrival to completion as the site saw them "
-            "(queueing included); the time to settle is the first time after which the "
-            f"moving {SETTLE_WINDOW:g} s throughput (over [0, t] before {SETTLE_WINDOW:g} s) "
-            f"stays within {SETTLE_BAND:.0%} of its final value, 'not settled' when that "
-            f"held for less than {SETTLE_HOLD:g} s before the end.",
-            "Each run gets a fresh site (same seed for every client) on its own port, served "
-            "from a thread of the benchmark process; each client is a separate process. "
-            "'client CPU' is the client process's CPU time from its first request to its "
-            "stop (start-up excluded), 'per request' divides it by the requests the site "
-            "received; with the load average it shows how busy the machine was.",
-            "Why this throttlekit configuration: AutoThrottle for sites that slow down under "
-            "load, backoff (on by default) for 429s and Retry-After, every AutoThrottle knob "
-            "at the value of Scrapy's run, and nothing set from what the benchmark knows "
-            "about a site's rate. Rampup is left out: it aims at a target number of errors "
-            "per window by design, and settings switch it on only for scopes named in "
-            "advance.",
-            "What drives the numbers. AutoThrottle (Scrapy's and throttlekit's alike) keeps "
-            "about AUTOTHROTTLE_TARGET_CONCURRENCY = 1 request in flight: on the capacity "
-            "site that is a quarter of what its 4 workers can serve, and no controller "
-            "raises the concurrency while latency stays flat. It starts at a 5 s delay and "
-            "halves it per response; throttlekit re-arms its timer when the delay drops, "
-            "Scrapy waits out the delay it had scheduled, so throttlekit gets up to speed "
-            "sooner (cdn). Scrapy's AutoThrottle ignores 429s (only latency moves it, and "
-            "a non-200 response cannot lower the delay), so on the quota sites it keeps "
-            "sending at about one request per page latency and the site refuses the "
-            "excess. throttlekit's backoff counts each 429 as a signal: its first step "
-            "sets the delay to at least BACKOFF_MIN_DELAY (1 s), far above the delay "
-            "AutoThrottle had reached, and it "
-            "steps back only after BACKOFF_WINDOW (60 s) without a signal, longer than "
-            "these runs.",
-        ]
-    )
-    result.data = {
-        "budget_s": budget,
-        "sites": {
-            site.name: {"capacity": site.capacity, "summary": site.summary} for site in SITES
-        },
-        "clients": {
-            client.name: {"kind": client.kind, "settings": client.settings} for client in clients
-        },
-        "cases": cases,
-        "shortfalls": _shortfalls(cases),
-        "figures": [_figure(cases, budget)],
-    }
-    return result
-
-
-def _cases_for(cases: dict[str, dict[str, dict[str, Any]]], client: str) -> dict[str, Any]:
-    """The cases of one client, by site."""
-    return {site: per[client] for site, per in cases.items() if client in per}
+    return figures
 
 
 def _throttling(result: dict[str, Any], port: int, t0: float | None) -> list[list[Any]]:
     """The client's samples of one site's throttling state, about one a second:
-    ``[seconds since t0, delay, backoff level]``.
+    ``[seconds since t0, delay, concurrency, in flight, reason]``.
 
     throttlekit's scopes are ``host:port``; Scrapy's download slots are keyed
     by host only, so every site of a multi-site (quick) run shares one slot.
@@ -791,14 +866,223 @@ def _throttling(result: dict[str, Any], port: int, t0: float | None) -> list[lis
         if t - last < 0.99:
             continue
         last = t
-        series.append([round(t, 2), round(sample["delay"], 4), sample.get("backoff_level")])
+        series.append(
+            [
+                round(t, 2),
+                round(sample["delay"], 4),
+                sample.get("concurrency"),
+                sample.get("in_flight"),
+                sample.get("reason"),
+            ]
+        )
     return series
+
+
+def run_quality(config: RunConfig) -> SuiteResult:
+    """Run every (site, client) case and report them against the targets."""
+    budget = config.run_seconds or (QUICK_BUDGET if config.quick else BUDGET)
+    how = (
+        "every client crawling every site at once for a few seconds (a smoke run: "
+        "the numbers are not meaningful)"
+        if config.quick
+        else "the six policy sites at once per client, the others one at a time"
+    )
+    result = SuiteResult(
+        "quality",
+        "Throttling quality against local sites",
+        "Scrapy's AutoThrottle, throttlekit's Backoff+AutoThrottle (the 0.1 configuration) "
+        "and throttlekit's Adaptive, through httpx and through Scrapy, crawl nine local sites "
+        f"that behave like real ones ({how}), {budget:g} s each, with a ceiling of 16 requests "
+        "in flight and no fixed delay: how much of what each site allows they use, how much "
+        "is refused, whether they send while told to wait, the latency they cause and how "
+        "fast they get there, as the site recorded it.",
+    )
+    clients: list[Client] = []
+    adaptive = adaptive_available()
+    for client in CLIENTS:
+        missing = [name for name in client.needs if find_spec(name) is None]
+        if missing:
+            result.skipped.append(Skip(client.name, f"{', '.join(missing)} is not installed"))
+        elif client.family == "adaptive" and not adaptive:
+            result.skipped.append(
+                Skip(client.name, "not available: this throttlekit has no throttlekit.Adaptive")
+            )
+        else:
+            clients.append(client)
+    if not clients:
+        return result
+
+    workdir = Path(tempfile.mkdtemp(prefix="throttlekit-quality-"))
+    runs: list[_Run] = []
+    try:
+        with SiteServer() as server:
+            for group in _plan_runs(clients, budget, config.quick, workdir):
+                _execute(server, group)
+                runs.extend(group)
+                for run in group:
+                    print(f"  {run.tag}: {run.wall:.1f} s", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    baselines: dict[str, float | None] = {}
+    for run in runs:
+        if run.client.kind == "baseline":
+            for site in run.sites:
+                baselines[site.name] = baseline_p95(run.records[site.name])
+    cases: dict[str, dict[str, dict[str, Any]]] = {}
+    runs_table = Table(
+        "The runs", ["site", "client", "requests", "client CPU", "wall", "load at start"]
+    )
+    for run in runs:
+        if run.client.kind == "baseline":
+            continue
+        sent = sum(len(recorded) for recorded in run.records.values())
+        for site in run.sites:
+            records = run.records[site.name]
+            t0 = run.origins.get(site.name)
+            case = measure(
+                records,
+                model=run.models[site.name],
+                budget=budget,
+                start=t0,
+                baseline_p95=baselines[site.name],
+            )
+            case["throttling"] = _throttling(run.result, run.ports[site.name], t0)
+            cases.setdefault(site.name, {})[run.client.name] = case
+            # A multi-site (quick) run shares its client's CPU among its sites.
+            cpu = run.result.get("cpu", 0.0) * len(records) / sent if sent else 0.0
+            runs_table.add(
+                site.name,
+                run.client.name,
+                len(records),
+                f"{cpu:.1f} s",
+                f"{run.wall:.1f} s",
+                "n/a" if run.load is None else f"{run.load:.2f}",
+            )
+
+    table = Table(
+        f"Per site and client, over {budget:g} s from the first request",
+        [
+            "site",
+            "client",
+            "200s/s",
+            "% of allowed",
+            "2nd half",
+            "refused",
+            "inside waits",
+            "p95",
+            "p95 / alone",
+            "90 % at",
+        ],
+    )
+    for site in SITES:
+        for client in clients:
+            case = cases.get(site.name, {}).get(client.name)
+            if case is None:
+                continue
+            table.add(
+                site.name,
+                client.name,
+                f"{case['throughput']:.1f}",
+                _pct(case["share"]),
+                _pct(case["share_second_half"]),
+                _pct(case["refused_share"], 1),
+                case["inside_waits"],
+                "n/a" if case["p95_ms"] is None else f"{case['p95_ms']:.0f} ms",
+                "n/a" if case["p95_ratio"] is None else f"{case['p95_ratio']:.2f}x",
+                "n/a" if site.kind == "unlimited" else _seconds(case["reach_s"]),
+            )
+    result.tables.append(table)
+
+    sites_table = Table("The sites", ["site", "allowed", "p95 one at a time", "behaviour"])
+    for site in SITES:
+        p95 = baselines.get(site.name)
+        sites_table.add(
+            site.name,
+            _allowed_text(site.model(budget)),
+            "n/a" if p95 is None else f"{p95 * 1000:.0f} ms",
+            site.summary,
+        )
+    result.tables.append(sites_table)
+    clients_table = Table("The clients", ["client", "what", "configuration"])
+    for client in clients:
+        clients_table.add(client.name, client.summary, _settings_text(client.configuration))
+    result.tables.append(clients_table)
+    result.tables.append(runs_table)
+
+    # The targets are Adaptive's; until it exists, the 0.1 configuration shows the gap.
+    judged = "adaptive" if adaptive else "backoff"
+    for site in SITES:
+        for client in clients:
+            case = cases.get(site.name, {}).get(client.name)
+            if client.family != judged or case is None:
+                continue
+            target = _targets(site, client, case)
+            if target is not None:
+                result.targets.append(target)
+
+    result.notes.extend(
+        [
+            f"Counted over the requests that reached the site in the {budget:g} s from its "
+            "first request. '% of allowed' is 200 responses over what the site allows in "
+            "that span (its quota's limit per window, following the changes, or its "
+            "capacity); '2nd half' is the same over the second half of the run, the steady "
+            "state the rate targets are judged on (the first half includes the ramp, which "
+            f"the '90 % at' target covers). 'refused' is every other status over all "
+            "responses. 'inside waits' counts requests that reached the site while a wait it "
+            "had announced to the same client was running (Retry-After, or the reset of a "
+            "quota whose remaining was 0: draft-10 t, X-RateLimit-Reset), from "
+            f"{GRACE * 1000:g} ms after that response left the site. 'p95' is the 95th "
+            "percentile of the 200s' latency at the site (arrival to answer, queueing "
+            "included) and 'p95 / alone' its ratio to the p95 of a client sending one "
+            f"request at a time to a fresh copy of the site. '90 % at' is the end of the "
+            f"first {REACH_WINDOW:g} s window in which the site served at least "
+            f"{REACH_SHARE:.0%} of what it allows. A change of the changing quota is followed "
+            f"at the end of the first {FOLLOW_WINDOW:g} s window after it with at least "
+            f"{REACH_SHARE:.0%} of the new rate served and under {TARGET_REFUSED:.0%} refused.",
+            "A fixed window (header-quota, x-ratelimit) allows a full quota in each window the "
+            "run touches, so a client that uses the first, partial window can exceed 100 % "
+            "over the run.",
+            "The PASS/MISS lines are the Adaptive clients' "
+            + (
+                "(its targets)."
+                if adaptive
+                else "targets, shown here for the Backoff+AutoThrottle clients (the 0.1 "
+                "configuration) because this throttlekit has no Adaptive yet."
+            ),
+            "Each run gets a fresh site (same seed for every client) on its own port, served "
+            "from a thread of the benchmark process; each client is a separate process. "
+            "'client CPU' is the client process's CPU time from its first request to its "
+            "stop (start-up excluded).",
+        ]
+    )
+    result.data = {
+        "budget_s": budget,
+        "sites": {
+            site.name: {
+                "kind": site.kind,
+                "allowed": _allowed_text(site.model(budget)),
+                "baseline_p95_ms": None
+                if baselines.get(site.name) is None
+                else baselines[site.name] * 1000,  # type: ignore[operator]
+                "summary": site.summary,
+            }
+            for site in SITES
+        },
+        "clients": {
+            client.name: {"kind": client.kind, "configuration": client.configuration}
+            for client in clients
+        },
+        "cases": cases,
+        "figures": _figures(cases, budget),
+    }
+    return result
 
 
 SUITES = (
     Suite(
         "quality",
-        "adaptive throttling vs Scrapy's AutoThrottle against four local sites",
+        "Scrapy AutoThrottle vs throttlekit Backoff+AutoThrottle vs Adaptive on nine local sites",
         run_quality,
     ),
 )

@@ -6,17 +6,26 @@ Usage: ``python -m benchmarks.quality_clients plan.json result.json``
 
 * ``client``: ``"scrapy"`` (a real Scrapy crawl on the asyncio reactor, with
   whatever settings the plan gives: Scrapy's AutoThrottle, or throttlekit's
-  middleware) or ``"httpx"`` (``httpx.AsyncClient`` over throttlekit's
-  :class:`~throttlekit.adapters.httpx.ThrottledTransport`, the limiter built
-  by :meth:`throttlekit.Limiter.from_settings` from the same settings);
-* ``settings``: Scrapy-style settings;
+  middleware), ``"httpx"`` (``httpx.AsyncClient`` over throttlekit's
+  :class:`~throttlekit.adapters.httpx.ThrottledTransport`, the limiter's
+  default policy built from ``policy``) or ``"baseline"`` (a plain
+  ``httpx.AsyncClient`` sending one request at a time, no throttling: the
+  sites' latency unloaded);
+* ``settings`` (Scrapy): Scrapy settings;
+* ``policy`` (httpx): the :class:`~throttlekit.ScopePolicy` keywords, where a
+  controller (``backoff``, ``autothrottle``, ``adaptive``...) is given as the
+  dict of its own keywords: ``{"concurrency": 16, "autothrottle": {}}`` is
+  ``ScopePolicy(concurrency=16, autothrottle=AutoThrottle())``;
 * ``sites``: ``[{"name", "url", "count"}]``; the request list is
   ``<url>/page/<i>`` for ``i < count``, the sites interleaved;
 * ``budget`` and ``margin``: the client crawls for ``budget + margin``
   seconds once its crawl starts (the suite counts what the site saw in
   the ``budget`` seconds after the first request reached it);
 * ``workers`` (httpx): tasks sending requests; ``sample_interval``: seconds
-  between samples of the throttling state (delay per site).
+  between samples of the throttling state (delay per site);
+* ``samples`` (baseline): the 200 responses per site after which it stops;
+  ``settle`` (baseline): seconds to wait before the first request, while
+  the other clients started with it load their modules.
 
 ``result.json`` gets the client's own view: when it started and stopped,
 its CPU time while crawling, responses per status, the throttling state
@@ -37,7 +46,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "request_list"]
+__all__ = ["CONTROLLERS", "main", "policy_from_plan", "request_list"]
+
+#: The ScopePolicy fields that hold a controller, and the throttlekit class of each.
+CONTROLLERS = {
+    "backoff": "Backoff",
+    "autothrottle": "AutoThrottle",
+    "rampup": "Rampup",
+    "adaptive": "Adaptive",
+}
 
 #: Requests Scrapy's scheduler holds at most, waiting to enter the downloader.
 BACKLOG = 200
@@ -54,6 +71,31 @@ def request_list(sites: list[dict[str, Any]]) -> Iterator[str]:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def policy_from_plan(spec: dict[str, Any]) -> Any:
+    """The :class:`~throttlekit.ScopePolicy` of a plan's ``policy`` (see the module doc)."""
+    import throttlekit
+
+    fields = dict(spec)
+    for name, class_name in CONTROLLERS.items():
+        options = fields.get(name)
+        if isinstance(options, dict):
+            fields[name] = getattr(throttlekit, class_name)(**options)
+    return throttlekit.ScopePolicy(**fields)
+
+
+def _sample(now: float, name: str, scope: Any) -> dict[str, Any]:
+    """One sample of a throttlekit scope's state."""
+    return {
+        "t": now,
+        "scope": name,
+        "delay": scope.delay,
+        "concurrency": scope.concurrency,
+        "in_flight": scope.in_flight,
+        "backoff_level": getattr(scope, "backoff_level", None),
+        "reason": getattr(scope, "reason", None),
+    }
 
 
 # -- Scrapy ------------------------------------------------------------------------------
@@ -140,16 +182,7 @@ def run_scrapy(plan: dict[str, Any], output: Path) -> None:
         middleware = found[0]
         if middleware is not None:
             for name, scope in middleware.limiter.statistics().scopes.items():
-                samples.append(
-                    {
-                        "t": now,
-                        "scope": name,
-                        "delay": scope.delay,
-                        "concurrency": scope.concurrency,
-                        "in_flight": scope.in_flight,
-                        "backoff_level": scope.backoff_level,
-                    }
-                )
+                samples.append(_sample(now, name, scope))
         else:
             for key, slot in crawler.engine.downloader.slots.items():
                 samples.append(
@@ -226,7 +259,8 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
     interval = float(plan.get("sample_interval", 0.5))
     stopped: list[float] = []
     workers = int(plan.get("workers", 64))
-    limiter = Limiter.from_settings(plan["settings"])
+    policy = policy_from_plan(plan["policy"])
+    limiter = Limiter(default=policy, concurrency=policy.concurrency)
     counts: Counter[str] = Counter()
     samples: list[dict[str, Any]] = []
     started: list[float] = []
@@ -254,16 +288,7 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
                     await anyio.sleep(interval)
                     now = time.monotonic()
                     for name, scope in limiter.statistics().scopes.items():
-                        samples.append(
-                            {
-                                "t": now,
-                                "scope": name,
-                                "delay": scope.delay,
-                                "concurrency": scope.concurrency,
-                                "in_flight": scope.in_flight,
-                                "backoff_level": scope.backoff_level,
-                            }
-                        )
+                        samples.append(_sample(now, name, scope))
 
             started.append(time.monotonic())
             cpu_at_start.append(time.process_time())
@@ -279,10 +304,10 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
         name: {
             "delay": scope.delay,
             "concurrency": scope.concurrency,
-            "backoff_level": scope.backoff_level,
-            "last_signal": scope.last_signal,
+            "backoff_level": getattr(scope, "backoff_level", None),
+            "last_signal": getattr(scope, "last_signal", None),
             "blocked_until": _finite(scope.blocked_until),
-            "reason": scope.reason,
+            "reason": getattr(scope, "reason", None),
         }
         for name, scope in limiter.statistics().scopes.items()
     }
@@ -296,6 +321,54 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# -- baseline ----------------------------------------------------------------------------
+
+
+def run_baseline(plan: dict[str, Any]) -> dict[str, Any]:
+    """One request at a time, site after site, until each gave ``samples`` 200s or the budget.
+
+    After a refusal the site is left alone for a moment (``pause``), so that a
+    spent quota is not hammered with refused requests while it refills.
+    """
+    import anyio
+    import httpx
+
+    budget = float(plan["budget"])
+    samples = int(plan.get("samples", 100))
+    pause = float(plan.get("pause", 0.2))
+    settle = float(plan.get("settle", 0.0))
+    counts: Counter[str] = Counter()
+    started = time.monotonic()
+
+    async def crawl() -> None:
+        await anyio.sleep(settle)
+        ok = {site["url"]: 0 for site in plan["sites"]}
+        resting: dict[str, float] = {}
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            with anyio.move_on_after(budget):
+                index = 0
+                while any(done < samples for done in ok.values()):
+                    now = time.monotonic()
+                    for url, done in ok.items():
+                        if done >= samples or resting.get(url, 0.0) > now:
+                            continue
+                        response = await client.get(f"{url}/page/{index}")
+                        counts[str(response.status_code)] += 1
+                        if response.status_code == 200:
+                            ok[url] += 1
+                        else:
+                            resting[url] = time.monotonic() + pause
+                    index += 1
+                    if all(
+                        done >= samples or resting.get(url, 0.0) > time.monotonic()
+                        for url, done in ok.items()
+                    ):
+                        await anyio.sleep(0.01)
+
+    anyio.run(crawl)
+    return {"started": started, "stopped": time.monotonic(), "counts": dict(counts)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
@@ -306,10 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     if client == "scrapy":
         run_scrapy(plan, Path(args[1]))  # writes the result and exits
         return 1
-    if client != "httpx":
+    if client == "httpx":
+        result = run_httpx(plan)
+    elif client == "baseline":
+        result = run_baseline(plan)
+    else:
         print(f"unknown client {client!r}", file=sys.stderr)
         return 2
-    result = run_httpx(plan)
     Path(args[1]).write_text(json.dumps(result), encoding="utf-8")
     return 0
 

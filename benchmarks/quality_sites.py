@@ -1,195 +1,72 @@
-"""Local HTTP sites that behave like real ones, for the throttling-quality suite.
+"""The throttling-quality suite's local sites: the testing kit's server models, served over HTTP.
 
-Each run gets a fresh site on its own port of ``127.0.0.1`` (so its state --
-queues, quota windows, random numbers -- starts clean and every client meets
-the same site), served by :mod:`aiohttp` on an event loop in a background
-thread of the benchmark process. The clients run in other processes, so the
-site has a core of its own on a 2-core machine.
+Each site is a :mod:`throttlekit.testing` server model (:class:`QuotaServer`,
+:class:`CapacityServer`, :class:`FlakyServer`, :class:`CDNServer`...), the
+same models the virtual-time tests use, answering real HTTP requests on its
+own port of ``127.0.0.1``. A request is answered by the model's responder at
+its arrival, on a clock that starts at the site's first request (so fixed
+windows and quota changes line up with the counted span), and the response
+is sent after the latency the model gave it. Every run gets a fresh site
+(fresh queues, quota windows and seeded random numbers), served by
+:mod:`aiohttp` on an event loop in a background thread of the benchmark
+process; the clients run in other processes.
 
-The models (see :data:`SITES` in :mod:`benchmarks.quality` for the numbers):
-
-* :class:`CapacitySite` -- ``workers`` workers serve requests first come,
-  first served, each taking an exponentially distributed time (mean
-  ``service_time``): an M/M/c queue. Its capacity is ``workers /
-  service_time`` requests per second; push harder and requests queue, so
-  latency grows with load, as on a real server.
-* :class:`QuotaSite` -- at most ``limit`` requests in any sliding ``window``;
-  the others are refused with 429 after ``reject_latency`` (with
-  ``Retry-After`` when ``retry_after`` is set). One model gives both the
-  quota site (Retry-After: 1) and the fast-429 site (a 2 ms 429 without
-  Retry-After, 200 ms pages).
-* :class:`FixedSite` -- every request answered after the same latency: the
-  CDN-fast site.
-
-Every request is recorded as ``(arrived, finished, status)`` on
-``time.monotonic()``, the clock the client processes read too.
+Every request is recorded as :data:`Record`: ``(arrived, finished, status,
+wait)`` on ``time.monotonic()``, the clock the client processes read too.
+``wait`` is the wait the response announced (seconds from ``finished``): its
+``Retry-After``, or the reset of a quota whose ``remaining`` it says is 0
+(draft-10 ``RateLimit`` ``r=0``'s ``t``, ``X-RateLimit-Remaining: 0``'s
+``X-RateLimit-Reset``, delta or epoch seconds); 0.0 when it announced none.
+It is read from the headers the site sent, independently of throttlekit's
+parser.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import re
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Protocol
 
 from aiohttp import web
 
-__all__ = [
-    "CapacitySite",
-    "FixedSite",
-    "QuotaSite",
-    "Record",
-    "Responder",
-    "SiteModel",
-    "SiteServer",
-]
+from throttlekit.testing import ServerModel, SimRequest
 
-#: One request as the site saw it: arrival, when its answer was ready, status.
-Record = tuple[float, float, int]
+__all__ = ["Record", "RunningSite", "SiteServer", "announced_wait"]
 
-#: A page body of a realistic small size (Scrapy and httpx read it all).
-PAGE = b"<!doctype html><title>page</title>" + b"<p>throttlekit benchmark page</p>" * 30
-REFUSAL = b"<!doctype html><title>429</title><p>Too many requests</p>"
+#: One request as the site saw it: arrival, when its answer was sent, status,
+#: and the wait (seconds from the answer) it announced.
+Record = tuple[float, float, int, float]
+
+_R_PARAMETER = re.compile(r";\s*r\s*=\s*(\d+)")
+_T_PARAMETER = re.compile(r";\s*t\s*=\s*(\d+)")
 
 
-class Responder(Protocol):
-    """The live state of one site for one run: answers a request."""
+def announced_wait(headers: Mapping[str, str], *, now: float) -> float:
+    """Seconds from now during which ``headers`` ask the client not to send.
 
-    async def respond(self) -> tuple[int, dict[str, str], bytes]: ...
-
-
-class SiteModel(Protocol):
-    """A site's configuration; ``start`` makes the live state for one run."""
-
-    def start(self, seed: int) -> Responder: ...
-
-
-@dataclass(frozen=True)
-class FixedSite:
-    """Every request gets a 200 after ``latency`` seconds, however many arrive at once."""
-
-    latency: float = 0.005
-
-    def start(self, seed: int) -> Responder:
-        return _Fixed(self.latency)
-
-
-class _Fixed:
-    def __init__(self, latency: float) -> None:
-        self.latency = latency
-
-    async def respond(self) -> tuple[int, dict[str, str], bytes]:
-        await asyncio.sleep(self.latency)
-        return 200, {}, PAGE
-
-
-@dataclass(frozen=True)
-class CapacitySite:
-    """An M/M/c server: ``workers`` workers, exponential service times of mean ``service_time``.
-
-    Requests beyond the free workers wait in line, first come first served.
+    Understands the forms the sites send: ``Retry-After`` in whole seconds
+    (it wins), a draft-10 ``RateLimit`` item with ``r=0`` (its ``t``) and
+    ``X-RateLimit-Remaining: 0`` (its ``X-RateLimit-Reset``: epoch seconds
+    above ``1e9``, relative to ``now`` on the wall clock, else delta seconds).
     """
-
-    workers: int = 4
-    service_time: float = 0.05
-
-    @property
-    def capacity(self) -> float:
-        """Requests per second the site can serve at most."""
-        return self.workers / self.service_time
-
-    def start(self, seed: int) -> Responder:
-        return _Capacity(self, random.Random(seed))
-
-
-class _Capacity:
-    def __init__(self, config: CapacitySite, rng: random.Random) -> None:
-        self.config = config
-        self.rng = rng
-        self.free = config.workers
-        self.queue: deque[asyncio.Future[None]] = deque()
-
-    async def respond(self) -> tuple[int, dict[str, str], bytes]:
-        if self.free and not self.queue:
-            self.free -= 1
-        else:
-            waiter = asyncio.get_running_loop().create_future()
-            self.queue.append(waiter)
-            try:
-                await waiter  # a worker is handed over by _release()
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._release()  # handed a worker while being cancelled: pass it on
-                else:
-                    self.queue.remove(waiter)
-                raise
-        try:
-            await asyncio.sleep(self.rng.expovariate(1.0 / self.config.service_time))
-        finally:
-            self._release()
-        return 200, {}, PAGE
-
-    def _release(self) -> None:
-        while self.queue:
-            waiter = self.queue.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self.free += 1
-
-
-@dataclass(frozen=True)
-class QuotaSite:
-    """At most ``limit`` requests served in any sliding ``window`` seconds; 429 beyond.
-
-    :param limit: requests served per window.
-    :param window: seconds.
-    :param latency: seconds a served request takes.
-    :param reject_latency: seconds a 429 takes.
-    :param retry_after: the ``Retry-After`` value (whole seconds) of every 429;
-        ``None`` sends none.
-    """
-
-    limit: int = 10
-    window: float = 1.0
-    latency: float = 0.05
-    reject_latency: float = 0.001
-    retry_after: int | None = 1
-
-    @property
-    def capacity(self) -> float:
-        """Requests per second the site serves at most, on average."""
-        return self.limit / self.window
-
-    def start(self, seed: int) -> Responder:
-        return _Quota(self)
-
-
-class _Quota:
-    def __init__(self, config: QuotaSite) -> None:
-        self.config = config
-        self.served: deque[float] = deque()
-        headers = {"Retry-After": str(config.retry_after)} if config.retry_after else {}
-        self.refusal_headers = headers
-
-    async def respond(self) -> tuple[int, dict[str, str], bytes]:
-        config = self.config
-        now = time.monotonic()
-        served = self.served
-        while served and served[0] <= now - config.window:
-            served.popleft()
-        if len(served) >= config.limit:
-            if config.reject_latency:
-                await asyncio.sleep(config.reject_latency)
-            return 429, dict(self.refusal_headers), REFUSAL
-        served.append(now)
-        await asyncio.sleep(config.latency)
-        return 200, {}, PAGE
+    lowered = {name.lower(): value for name, value in headers.items()}
+    if "retry-after" in lowered:
+        return float(lowered["retry-after"])
+    waits = [0.0]
+    field = lowered.get("ratelimit")
+    if field is not None:
+        remaining, reset = _R_PARAMETER.search(field), _T_PARAMETER.search(field)
+        if remaining is not None and reset is not None and int(remaining.group(1)) == 0:
+            waits.append(float(reset.group(1)))
+    if lowered.get("x-ratelimit-remaining") == "0" and "x-ratelimit-reset" in lowered:
+        reset_at = float(lowered["x-ratelimit-reset"])
+        waits.append(reset_at - now if reset_at > 1e9 else reset_at)
+    return max(waits)
 
 
 class SiteServer:
@@ -197,9 +74,9 @@ class SiteServer:
 
     Usage::
 
-        with SiteServer() as server, server.serve(QuotaSite(), seed=1) as site:
+        with SiteServer() as server, server.serve(QuotaServer(), seed=1) as site:
             ...  # send requests to site.url
-        site.records  # [(arrived, finished, status), ...]
+        site.records  # [(arrived, finished, status, wait), ...]
     """
 
     def __init__(self) -> None:
@@ -235,9 +112,9 @@ class SiteServer:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)  # type: ignore[arg-type]
 
     @contextmanager
-    def serve(self, model: SiteModel, *, seed: int = 0) -> Iterator[RunningSite]:
+    def serve(self, model: ServerModel, *, seed: int = 0) -> Iterator[RunningSite]:
         """Serve a fresh instance of ``model`` on a new port for the duration of the block."""
-        site = RunningSite(model.start(seed))
+        site = RunningSite(model, seed)
         self._call(site.start())
         try:
             yield site
@@ -258,11 +135,14 @@ class SiteServer:
 class RunningSite:
     """One site being served: its URL and what it has recorded."""
 
-    def __init__(self, responder: Responder) -> None:
-        self.responder = responder
+    def __init__(self, model: ServerModel, seed: int) -> None:
+        self.responder = model.start(random.Random(seed))
         self.records: list[Record] = []
         self.port = 0
+        #: When its first request arrived (``time.monotonic()``): the model's time 0.
+        self.origin: float | None = None
         self._runner: web.AppRunner | None = None
+        self._bodies: dict[int, bytes] = {}
 
     @property
     def url(self) -> str:
@@ -283,8 +163,31 @@ class RunningSite:
             await self._runner.cleanup()
             self._runner = None
 
+    def _body(self, size: int) -> bytes:
+        body = self._bodies.get(size)
+        if body is None:
+            body = self._bodies[size] = b"<!doctype html><p>" + b"x" * max(0, size - 18)
+        return body
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         arrived = time.monotonic()
-        status, headers, body = await self.responder.respond()
-        self.records.append((arrived, time.monotonic(), status))
-        return web.Response(status=status, body=body, headers=headers, content_type="text/html")
+        if self.origin is None:
+            self.origin = arrived
+        answer = self.responder(SimRequest(url=str(request.url)), arrived - self.origin)
+        if answer.latency > 0 and math.isfinite(answer.latency):
+            await asyncio.sleep(answer.latency)
+        if answer.status is None:  # a simulated failure: drop the connection
+            self.records.append((arrived, time.monotonic(), 0, 0.0))
+            if request.transport is not None:
+                request.transport.close()
+            raise ConnectionResetError(str(answer.exception))
+        headers = dict(answer.headers)
+        finished = time.monotonic()
+        wait = announced_wait(headers, now=time.time())
+        self.records.append((arrived, finished, answer.status, wait))
+        return web.Response(
+            status=answer.status,
+            body=self._body(answer.size) if answer.status < 400 else b"",
+            headers=headers,
+            content_type="text/html",
+        )

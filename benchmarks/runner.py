@@ -68,6 +68,13 @@ def _parse(argv: Sequence[str] | None, names: Sequence[str]) -> argparse.Namespa
         "in benchmarks/results/); with --only, the other suites' results already in "
         "the file are kept",
     )
+    parser.add_argument(
+        "--run-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds of each run of the quality suite (default 60, or 3 with --quick)",
+    )
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     return parser.parse_args(argv)
 
@@ -105,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     names = selected or list(suites)
-    config = RunConfig.make(quick=args.quick)
+    if args.run_seconds is not None and not args.run_seconds > 0:
+        print(f"--run-seconds must be > 0, got {args.run_seconds}", file=sys.stderr)
+        return 2
+    config = RunConfig.make(quick=args.quick, run_seconds=args.run_seconds)
     output: Path | None = args.output
     if output is None and not args.quick:
         output = DEFAULT_OUTPUT

@@ -9,7 +9,6 @@ speed is asserted: the numbers belong to the benchmark run.
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,20 +26,27 @@ if str(REPO) not in sys.path:
 
 from benchmarks.figures import draw_figures, figure_rst  # noqa: E402
 from benchmarks.quality import (  # noqa: E402
+    CLIENTS,
     SITES,
+    adaptive_available,
+    allowed,
+    allowed_rate,
+    inside_waits,
     measure,
-    moving_throughput,
-    settle_time,
+    reach_time,
 )
-from benchmarks.quality_clients import request_list  # noqa: E402
-from benchmarks.quality_sites import (  # noqa: E402
-    CapacitySite,
-    FixedSite,
-    QuotaSite,
-    SiteServer,
+from benchmarks.quality_clients import policy_from_plan, request_list  # noqa: E402
+from benchmarks.quality_sites import SiteServer, announced_wait  # noqa: E402
+from throttlekit import AutoThrottle, Backoff, ScopePolicy  # noqa: E402
+from throttlekit.testing import (  # noqa: E402
+    CapacityServer,
+    FlakyServer,
+    QuotaServer,
 )
 
 # -- metrics -----------------------------------------------------------------------------
+
+QUOTA = QuotaServer(limit=10, window=1.0, sliding=True, retry_after=1)
 
 
 def _steady(rate: float, start: float, end: float) -> list[float]:
@@ -48,57 +54,99 @@ def _steady(rate: float, start: float, end: float) -> list[float]:
     return [start + (index + 0.5) / rate for index in range(count)]
 
 
-def test_moving_throughput_is_trailing_and_starts_from_zero() -> None:
-    done = _steady(10.0, 0.0, 20.0)
-    points = moving_throughput(done, duration=20.0, window=10.0, step=0.5)
-    assert points[0] == (0.5, pytest.approx(10.0))
-    assert points[-1] == (20.0, pytest.approx(10.0))
-    assert len(points) == 40
-    # A jump from 2/s to 10/s at t=5 s: the trailing window lags behind it.
-    done = _steady(2.0, 0.0, 5.0) + _steady(10.0, 5.0, 25.0)
-    points = dict(moving_throughput(done, duration=25.0, window=10.0, step=0.5))
-    assert points[10.0] == pytest.approx((10 + 50) / 10.0)
-    assert points[15.0] == pytest.approx(10.0)
+def test_allowed_follows_the_quota_changes() -> None:
+    changing = QuotaServer(limit=10, window=2.0, changes=((10.0, 4), (20.0, 30)))
+    assert allowed_rate(changing, 0.0) == 5.0
+    assert allowed_rate(changing, 15.0) == 2.0
+    assert allowed(changing, 0.0, 30.0) == pytest.approx(50 + 20 + 150)
+    assert allowed(changing, 5.0, 12.0) == pytest.approx(25 + 4)
+    assert allowed(CapacityServer(workers=4, service_time=0.05), 0.0, 2.0) == pytest.approx(160)
+    flaky = FlakyServer(origin=CapacityServer(workers=5, service_time=0.1))
+    assert allowed_rate(flaky, 0.0) == 50.0
+    assert allowed(FlakyServer(), 0.0, 1.0) is None
 
 
-def test_settle_time() -> None:
-    steady = moving_throughput(_steady(10.0, 0.0, 25.0), duration=25.0)
-    assert settle_time(steady) == 1.0
-    stepped = moving_throughput(_steady(2.0, 0.0, 5.0) + _steady(10.0, 5.0, 25.0), duration=25.0)
-    # Within 10 % of 10/s once 9 of the last 10 s ran at 10/s.
-    assert settle_time(stepped) == pytest.approx(14.0, abs=0.5)
-    # Still climbing at the end: never held the band for 5 s.
-    climbing = [(t / 2, t / 2) for t in range(1, 51)]
-    assert settle_time(climbing) is None
-    assert settle_time([]) is None
+def test_inside_waits_counts_sends_after_the_answer_within_its_wait() -> None:
+    records = [
+        (0.0, 0.05, 200, 0.0),
+        (0.10, 0.101, 429, 1.0),  # Retry-After: 1 from 0.101 to 1.101
+        (0.102, 0.103, 429, 1.0),  # in flight already (within the grace): not counted
+        (0.5, 0.501, 429, 1.0),  # sent inside the wait: counted, and extends it to 1.501
+        (1.2, 1.25, 200, 0.0),  # inside the extended wait
+        (1.6, 1.65, 200, 0.0),  # after it
+    ]
+    assert inside_waits(records, start=0.0, end=10.0) == 2
+    assert inside_waits(records, start=1.0, end=10.0) == 1
+    assert inside_waits([(0.0, 0.1, 200, 0.0)] * 3, start=0.0, end=1.0) == 0
+
+
+def test_reach_time_is_the_end_of_the_first_good_window() -> None:
+    # 2/s for 10 s, then the full 10/s: the trailing 5 s reaches 9/s at 14.5 s.
+    served = _steady(2.0, 0.0, 10.0) + _steady(10.0, 10.0, 30.0)
+    assert reach_time(served, QUOTA, budget=30.0) == pytest.approx(14.5)
+    assert reach_time(_steady(10.0, 0.0, 30.0), QUOTA, budget=30.0) == 5.0
+    assert reach_time(_steady(5.0, 0.0, 30.0), QUOTA, budget=30.0) is None
 
 
 def test_measure_counts_over_the_budget_from_the_first_arrival() -> None:
     t0 = 1000.0
-    records = [(t0 + i * 0.1, t0 + i * 0.1 + 0.05, 200) for i in range(100)]  # 10 s of 10/s
-    records += [(t0 + i * 0.1 + 0.01, t0 + i * 0.1 + 0.012, 429) for i in range(25)]
-    records += [(t0 + 11.0, t0 + 11.1, 200)]  # after the budget: not counted
-    records += [(t0 + 5.0, t0 + 5.5, 503)]
-    case = measure(records, budget=10.0, capacity=20.0)
+    records = [(t0 + i * 0.1, t0 + i * 0.1 + 0.05, 200, 0.0) for i in range(100)]  # 10/s, 10 s
+    records += [(t0 + i * 0.4 + 0.01, t0 + i * 0.4 + 0.012, 429, 1.0) for i in range(25)]
+    records += [(t0 + 11.0, t0 + 11.1, 200, 0.0)]  # after the budget: not counted
+    case = measure(records, model=QUOTA, budget=10.0, baseline_p95=0.025)
     assert case["ok"] == 100
-    assert case["status_429"] == 25
-    assert case["other"] == 1
-    assert case["responses"] == 126
+    assert case["refused"] == 25
+    assert case["requests"] == 125
     assert case["throughput"] == pytest.approx(10.0)
-    assert case["share"] == pytest.approx(0.5)
-    assert case["share_429"] == pytest.approx(25 / 126)
+    assert case["share"] == pytest.approx(1.0)
+    assert case["share_second_half"] == pytest.approx(1.0)
+    assert case["refused_share"] == pytest.approx(25 / 125)
+    # Every 429 announced 1 s: the later sends all land inside one.
+    assert case["inside_waits"] > 90
     assert case["p95_ms"] == pytest.approx(50.0)
+    assert case["p95_ratio"] == pytest.approx(2.0)
+    assert case["reach_s"] == 5.0
     assert case["series"] == [10.0] * 10
-    assert case["final_throughput"] == pytest.approx(10.0)
-    assert case["final_share"] == pytest.approx(0.5)
+    assert case["allowed_series"] == [10.0] * 10
+    assert case["follow_s"] == []
 
 
-def test_measure_without_capacity_or_records() -> None:
-    case = measure([(0.0, 0.005, 200)], budget=1.0, capacity=None)
-    assert case["share"] is None
-    assert case["throughput"] == 1.0
-    empty = measure([], budget=5.0, capacity=10.0)
-    assert (empty["throughput"], empty["share"], empty["share_429"]) == (0.0, 0.0, None)
+def test_measure_follows_a_changing_quota() -> None:
+    model = QuotaServer(limit=10, window=1.0, sliding=True, changes=((10.0, 5), (20.0, 15)))
+    # Follows the drop at once, the rise 3 s late; a few 429s right after the drop.
+    served = _steady(10.0, 0.0, 10.0) + _steady(5.0, 10.0, 20.0)
+    served += _steady(5.0, 20.0, 23.0) + _steady(15.0, 23.0, 30.0)
+    records = [(t, t + 0.05, 200, 0.0) for t in served]
+    records += [(10.0 + i * 0.1, 10.0 + i * 0.1 + 0.001, 429, 1.0) for i in range(3)]
+    case = measure(records, model=model, budget=30.0, start=0.0)
+    # [22.75, 24.75) holds 1.25 + 26.25 = 27.5 >= 90 % of 30.
+    assert case["follow_s"] == [pytest.approx(2.25), pytest.approx(4.75)]
+    assert case["allowed_series"][:2] == [10.0, 10.0]
+    assert case["allowed_series"][10] == 5.0
+    assert case["allowed_series"][-1] == 15.0
+    assert case["share"] == pytest.approx(len(served) / (100 + 50 + 150))
+
+
+def test_measure_without_records_or_limit() -> None:
+    empty = measure([], model=QUOTA, budget=5.0)
+    assert (empty["throughput"], empty["share"], empty["refused_share"]) == (0.0, 0.0, None)
+    assert empty["reach_s"] is None
+    unlimited = measure([(0.0, 0.005, 200, 0.0)], model=FlakyServer(), budget=1.0)
+    assert unlimited["share"] is None
+    assert unlimited["reach_s"] is None
+    assert unlimited["p95_ratio"] is None
+
+
+def test_announced_wait_reads_the_forms_the_sites_send() -> None:
+    assert announced_wait({"Retry-After": "1"}, now=0.0) == 1.0
+    assert announced_wait({"RateLimit": '"default";r=0;t=1'}, now=0.0) == 1.0
+    assert announced_wait({"RateLimit": '"default";r=3;t=1'}, now=0.0) == 0.0
+    x = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1700000004.500"}
+    assert announced_wait(x, now=1_700_000_000.0) == pytest.approx(4.5)
+    assert announced_wait({**x, "X-RateLimit-Remaining": "1"}, now=1_700_000_000.0) == 0.0
+    assert announced_wait({"x-ratelimit-remaining": "0", "x-ratelimit-reset": "7"}, now=0) == 7
+    assert announced_wait({"Retry-After": "2", **x}, now=1_700_000_000.0) == 2.0
+    assert announced_wait({}, now=0.0) == 0.0
 
 
 def test_request_list_interleaves_the_sites() -> None:
@@ -111,13 +159,44 @@ def test_request_list_interleaves_the_sites() -> None:
     ]
 
 
-def test_every_limited_site_states_its_capacity() -> None:
-    for site in SITES:
-        model = site.model
-        if isinstance(model, (CapacitySite, QuotaSite)):
-            assert site.capacity == pytest.approx(model.capacity)
-        else:
-            assert site.capacity is None
+def test_every_site_kind_of_the_issue_is_there() -> None:
+    assert [site.name for site in SITES] == [
+        "quota",
+        "fast-429",
+        "header-quota",
+        "x-ratelimit",
+        "long-window",
+        "changing",
+        "capacity",
+        "errors",
+        "cdn",
+    ]
+    models = {site.name: site.model(60.0) for site in SITES}
+    assert models["quota"].rate == 10.0  # type: ignore[attr-defined]
+    assert models["fast-429"].retry_after is None  # type: ignore[attr-defined]
+    assert models["changing"].changes == ((20.0, 5), (40.0, 15))  # type: ignore[attr-defined]
+    assert allowed_rate(models["capacity"], 0.0) == 80.0
+    assert allowed_rate(models["errors"], 0.0) == 50.0
+    assert allowed_rate(models["cdn"], 0.0) is None
+    assert {site.kind for site in SITES} == {"policy", "load", "errors", "unlimited"}
+
+
+def test_clients_share_one_ceiling() -> None:
+    """The httpx and Scrapy clients of a configuration build the same ScopePolicy."""
+    scrapy_settings = pytest.importorskip("scrapy.settings")
+    from throttlekit.adapters.scrapy import limiter_from_settings
+
+    ceiling = {"concurrency": 16, "delay": 0.0, "slot_delay": 0.0}
+    backoff = policy_from_plan({**ceiling, "autothrottle": {}})
+    assert backoff == ScopePolicy(**ceiling, autothrottle=AutoThrottle(), backoff=Backoff())
+    for family in ("backoff", "adaptive"):
+        if family == "adaptive" and not adaptive_available():
+            continue
+        httpx_client, scrapy_client = (client for client in CLIENTS if client.family == family)
+        expected = policy_from_plan(httpx_client.policy)
+        settings = scrapy_settings.Settings(scrapy_client.settings)
+        limiter = limiter_from_settings(settings)
+        assert limiter.policy("127.0.0.1:8000") == expected, family
 
 
 # -- the sites, over real HTTP ------------------------------------------------------------
@@ -131,51 +210,69 @@ def server() -> Iterator[SiteServer]:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_capacity_site_is_a_fifo_queue_of_workers(server: SiteServer) -> None:
-    model = CapacitySite(workers=2, service_time=0.05)
+async def test_capacity_site_latency_grows_with_load(server: SiteServer) -> None:
+    model = CapacityServer(workers=2, service_time=0.05)
     with server.serve(model, seed=7) as site:
         async with httpx.AsyncClient() as client, anyio.create_task_group() as group:
-            for index in range(10):
+            for index in range(6):
                 group.start_soon(client.get, f"{site.url}/page/{index}")
         records = sorted(site.records)
-    assert [status for *_, status in records] == [200] * 10
-    # Replay the M/M/2 schedule with the site's own random service times:
-    # first come first served, each request starts when a worker frees up.
-    rng = random.Random(7)
-    free = [records[0][0]] * 2
-    for arrived, finished, _ in records:
-        start = max(arrived, min(free))
-        done = start + rng.expovariate(1 / 0.05)
-        free[free.index(min(free))] = done
-        assert finished == pytest.approx(done, abs=0.04)
+    assert [status for _, _, status, _ in records] == [200] * 6
+    # Two workers, 50 ms each: the six answers come in three pairs.
+    latencies = sorted(finished - arrived for arrived, finished, _, _ in records)
+    for index, expected in enumerate([0.05, 0.05, 0.1, 0.1, 0.15, 0.15]):
+        assert latencies[index] == pytest.approx(expected, abs=0.03)
+    assert site.origin == records[0][0]
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_quota_site_refuses_beyond_its_limit(server: SiteServer) -> None:
-    with server.serve(QuotaSite(limit=3, window=5.0, latency=0.0, retry_after=1)) as site:
+async def test_quota_site_records_what_it_announced(server: SiteServer) -> None:
+    model = QuotaServer(limit=3, window=5.0, latency=0.0, retry_after=1)
+    with server.serve(model) as site:
         async with httpx.AsyncClient() as client:
             responses = [await client.get(f"{site.url}/page/{i}") for i in range(5)]
     assert [r.status_code for r in responses] == [200, 200, 200, 429, 429]
     assert responses[3].headers["Retry-After"] == "1"
-    assert "Retry-After" not in responses[0].headers
-    with server.serve(QuotaSite(limit=1, latency=0.0, retry_after=None)) as site:
+    assert [wait for *_, wait in site.records] == [0.0, 0.0, 0.0, 1.0, 1.0]
+    epoch = QuotaServer(
+        limit=1,
+        window=10.0,
+        retry_after=None,
+        rate_limit_headers="x-ratelimit",
+        reset_format="epoch",
+        latency=0.0,
+    )
+    with server.serve(epoch) as site:
         async with httpx.AsyncClient() as client:
             first, second = [await client.get(f"{site.url}/") for _ in range(2)]
     assert (first.status_code, second.status_code) == (200, 429)
     assert "Retry-After" not in second.headers
+    waits = [wait for *_, wait in site.records]
+    assert waits[0] == pytest.approx(10.0, abs=0.1)  # remaining 0 after the first
+    assert waits[1] == pytest.approx(10.0, abs=0.1)
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_fixed_site_answers_everyone_after_its_latency(server: SiteServer) -> None:
-    with server.serve(FixedSite(latency=0.05)) as site:
+async def test_errors_site_answers_its_errors_at_once(server: SiteServer) -> None:
+    model = FlakyServer(
+        error_rate=0.5,
+        error_statuses=(503,),
+        error_latency=0.0,
+        timeout_rate=0.0,
+        origin=CapacityServer(workers=8, service_time=0.05),
+    )
+    with server.serve(model, seed=3) as site:
         async with httpx.AsyncClient() as client, anyio.create_task_group() as group:
-            for index in range(20):
+            for index in range(16):
                 group.start_soon(client.get, f"{site.url}/page/{index}")
         records = site.records
-    assert len(records) == 20
-    assert all(0.045 <= finished - arrived < 0.5 for arrived, finished, _ in records)
+    statuses = [status for _, _, status, _ in records]
+    assert 2 <= statuses.count(503) <= 14
+    assert set(statuses) == {200, 503}
+    for arrived, finished, status, _ in records:
+        assert (finished - arrived < 0.03) if status == 503 else (finished - arrived >= 0.045)
     assert server.cpu_time() > 0
 
 
@@ -229,24 +326,36 @@ def test_quick_run_measures_every_site_and_client(tmp_path: Path) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=90,
         check=False,
     )
     assert process.returncode == 0, process.stdout + process.stderr
     suite = json.loads(output.read_text(encoding="utf-8"))["suites"]["quality"]
     cases = suite["data"]["cases"]
-    clients = {"Scrapy + AutoThrottle", "Scrapy + throttlekit", "httpx + throttlekit"}
+    adaptive = adaptive_available()
+    clients = {c.name for c in CLIENTS if adaptive or c.family != "adaptive"}
     assert set(cases) == {site.name for site in SITES}
     for site, per_client in cases.items():
         assert set(per_client) == clients, site
         for case in per_client.values():
-            assert case["responses"] >= case["ok"] + case["status_429"]
-            assert len(case["series"]) == 2
-    # One target per throttlekit client and limited site, AutoThrottle alongside.
-    assert len(suite["targets"]) == 2 * 3
-    assert all("Scrapy AutoThrottle" in target["measured"] for target in suite["targets"])
-    (figure,) = suite["data"]["figures"]
-    assert [len(panel["lines"]) for panel in figure["panels"]] == [3, 3, 3, 3]
+            assert case["requests"] == case["ok"] + case["refused"]
+            assert len(case["series"]) == 3
+    baselines = suite["data"]["sites"]
+    assert all(baselines[site.name]["baseline_p95_ms"] > 0 for site in SITES)
+    skipped = {skip["name"]: skip["reason"] for skip in suite["skipped"]}
+    if not adaptive:
+        assert set(skipped) == {"Adaptive / httpx", "Adaptive / Scrapy"}
+        assert all("not available" in reason for reason in skipped.values())
+    # One PASS/MISS line per judged client and site with a target (not the CDN).
+    assert len(suite["targets"]) == 2 * 8
+    assert all(target["passed"] in (True, False) for target in suite["targets"])
+    figures = suite["data"]["figures"]
+    assert [figure["image"] for figure in figures] == [
+        f"_static/benchmarks/quality-{site.name}.png" for site in SITES
+    ]
+    assert [len(figure["panels"][0]["lines"]) for figure in figures] == [len(clients) + 1] * 8 + [
+        len(clients)
+    ]
     page = tmp_path / "benchmarks.rst"
     process = subprocess.run(
         [sys.executable, "-m", "benchmarks.report", "--input", str(output), "--output", str(page)],
@@ -258,7 +367,7 @@ def test_quick_run_measures_every_site_and_client(tmp_path: Path) -> None:
     )
     assert process.returncode == 0, process.stderr
     text = page.read_text(encoding="utf-8")
-    assert ".. figure:: _static/benchmarks/quality-throughput.png" in text
-    assert "Scrapy + AutoThrottle" in text
+    assert ".. figure:: _static/benchmarks/quality-quota.png" in text
+    assert "Scrapy AutoThrottle" in text
     if find_spec("matplotlib") is not None:
-        assert (tmp_path / "_static" / "benchmarks" / "quality-throughput.png").exists()
+        assert (tmp_path / "_static" / "benchmarks" / "quality-changing.png").exists()
