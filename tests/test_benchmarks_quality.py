@@ -100,6 +100,7 @@ def test_measure_counts_over_the_budget_from_the_first_arrival() -> None:
     assert case["throughput"] == pytest.approx(10.0)
     assert case["share"] == pytest.approx(1.0)
     assert case["share_second_half"] == pytest.approx(1.0)
+    assert (case["judged_over"], case["judged_share"]) == ("the second half", pytest.approx(1.0))
     assert case["refused_share"] == pytest.approx(25 / 125)
     # Every 429 announced 1 s: the later sends all land inside one.
     assert case["inside_waits"] > 90
@@ -125,6 +126,15 @@ def test_measure_follows_a_changing_quota() -> None:
     assert case["allowed_series"][10] == 5.0
     assert case["allowed_series"][-1] == 15.0
     assert case["share"] == pytest.approx(len(served) / (100 + 50 + 150))
+
+
+def test_measure_judges_a_long_window_over_the_whole_run() -> None:
+    model = QuotaServer(limit=60, window=60.0, sliding=True, retry_after=None)
+    records = [(i * 0.01, i * 0.01 + 0.05, 200, 0.0) for i in range(60)]  # a burst, then quiet
+    case = measure(records, model=model, budget=60.0)
+    assert case["share"] == pytest.approx(1.0)
+    assert case["share_second_half"] == 0.0
+    assert (case["judged_over"], case["judged_share"]) == ("the run", pytest.approx(1.0))
 
 
 def test_measure_without_records_or_limit() -> None:
