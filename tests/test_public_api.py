@@ -21,6 +21,7 @@ PUBLIC_MODULES = (
     "throttlekit.headers",
     "throttlekit.backends",
     "throttlekit.adapters",
+    "throttlekit.otel",
 )
 
 
@@ -96,7 +97,17 @@ def test_main_classes_show_a_usage_example(name: str) -> None:
     assert "Usage::" in (getattr(throttlekit, name).__doc__ or "")
 
 
-_BLOCKED = ("httpx", "aiohttp", "scrapy", "redis", "twisted", "typer", "rich", "matplotlib")
+_BLOCKED = (
+    "httpx",
+    "aiohttp",
+    "scrapy",
+    "redis",
+    "twisted",
+    "typer",
+    "rich",
+    "matplotlib",
+    "opentelemetry",
+)
 
 _WITHOUT_EXTRAS = textwrap.dedent(
     """
@@ -135,6 +146,7 @@ _WITHOUT_EXTRAS = textwrap.dedent(
         ("throttlekit.adapters.aiohttp", "aiohttp"),
         ("throttlekit.adapters.scrapy", "scrapy"),
         ("throttlekit.backends.redis", "redis"),
+        ("throttlekit.otel", "otel"),
     ]:
         try:
             importlib.import_module(module)

@@ -1,0 +1,454 @@
+"""OpenTelemetry metrics (``throttlekit.otel``) with the real SDK and its in-memory reader.
+
+Each test runs a real :class:`~throttlekit.Limiter` in virtual time, on
+asyncio (:class:`~throttlekit.testing.VirtualEventLoop`) and on trio
+(``MockClock``), notes what the limiter did (grant times, outcomes), then
+reads the metrics through ``InMemoryMetricReader`` and requires the same
+numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+import trio.testing
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from throttlekit import (
+    Backoff,
+    Limiter,
+    Overloaded,
+    Permit,
+    ScopePolicy,
+    ThrottleTimeout,
+)
+from throttlekit.otel import _WAIT_BUCKETS as WAIT_BUCKETS
+from throttlekit.otel import LimiterMetrics, instrument
+from throttlekit.testing import VirtualEventLoop
+
+pytestmark = pytest.mark.anyio
+
+GROUP = "throttlekit.scope.group"
+OUTCOME = "throttlekit.acquire.outcome"
+#: Exact timing: no jitter anywhere, backoff included.
+EXACT_BACKOFF = Backoff(jitter=0.0)
+
+
+def policy(**fields: Any) -> ScopePolicy:
+    fields.setdefault("jitter", 0.0)
+    fields.setdefault("slot_delay", 0.0)
+    fields.setdefault("backoff", EXACT_BACKOFF)
+    return ScopePolicy(**fields)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(("asyncio", {"loop_factory": VirtualEventLoop}), id="asyncio_virtual"),
+        pytest.param("trio_virtual", id="trio_virtual"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """Virtual time on both backends (or, parametrized indirectly, ``"asyncio"``/``"trio"``)."""
+    if request.param == "trio_virtual":
+        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+    return request.param
+
+
+class Metrics:
+    """A real SDK meter provider with an in-memory reader, and ways to read it."""
+
+    def __init__(self) -> None:
+        self.reader = InMemoryMetricReader()
+        self.provider = MeterProvider(metric_readers=[self.reader])
+
+    def instrument(self, limiter: Limiter, **options: Any) -> LimiterMetrics:
+        return instrument(limiter, meter_provider=self.provider, **options)
+
+    def points(self) -> dict[str, list[Any]]:
+        """Every data point of one collection, by metric name."""
+        found: dict[str, list[Any]] = {}
+        data = self.reader.get_metrics_data()
+        if data is None:
+            return found
+        for resource in data.resource_metrics:
+            for scope in resource.scope_metrics:
+                assert scope.scope.name == "throttlekit"
+                for metric in scope.metrics:
+                    found.setdefault(metric.name, []).extend(metric.data.data_points)
+        return found
+
+    def values(self, name: str, points: dict[str, list[Any]] | None = None) -> dict[Any, Any]:
+        """``{frozenset(attributes): value}`` of a counter or gauge."""
+        points = self.points() if points is None else points
+        return {frozenset(p.attributes.items()): p.value for p in points.get(name, [])}
+
+    def histogram(self, name: str, points: dict[str, list[Any]] | None = None) -> dict[Any, Any]:
+        points = self.points() if points is None else points
+        return {frozenset(p.attributes.items()): p for p in points.get(name, [])}
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+@pytest.fixture
+def metrics() -> Iterator[Metrics]:
+    found = Metrics()
+    yield found
+    found.shutdown()
+
+
+def attrs_(**attributes: str) -> frozenset[tuple[str, str]]:
+    return frozenset({GROUP: "default", **attributes}.items())
+
+
+def group(name: str, **attributes: str) -> frozenset[tuple[str, str]]:
+    return frozenset({GROUP: name, **attributes}.items())
+
+
+def bucket_counts(waits: list[float]) -> list[int]:
+    counts = [0] * (len(WAIT_BUCKETS) + 1)
+    for wait in waits:
+        index = next((i for i, bound in enumerate(WAIT_BUCKETS) if wait <= bound), -1)
+        counts[index] += 1
+    return counts
+
+
+async def settle() -> None:
+    for _ in range(50):
+        await anyio.lowlevel.checkpoint()
+
+
+# -- waits, grants, gauges -------------------------------------------------------------
+
+
+async def test_waits_grants_and_gauges_match_the_run(metrics: Metrics) -> None:
+    limiter = Limiter(default=policy(concurrency=2, delay=0.5), concurrency=None)
+    metrics.instrument(limiter)
+    starts: list[float] = []
+    grants: list[float] = []
+
+    async def request(i: int, hold: float) -> None:
+        start = anyio.current_time()
+        async with limiter.acquire(f"https://shop.test/item/{i}") as permit:
+            starts.append(start)
+            grants.append(permit.granted_at)
+            await anyio.sleep(hold)
+
+    async with anyio.create_task_group() as tasks:
+        for i in range(6):
+            tasks.start_soon(request, i, 2.0)
+        await anyio.sleep(0.75)  # grants at 0 and 0.5; 4 wait for a free slot
+        points = metrics.points()
+        assert metrics.values("throttlekit.permit.active", points) == {attrs_(): 2}
+        assert metrics.values("throttlekit.permit.waiting", points) == {frozenset(): 4}
+        assert metrics.values("throttlekit.scope.waiting", points) == {attrs_(): 4}
+        assert metrics.values("throttlekit.permit.grants", points) == {attrs_(): 2}
+        assert metrics.values("throttlekit.scope.delay", points) == {attrs_(): 0.5}
+        assert metrics.values("throttlekit.scope.concurrency", points) == {attrs_(): 2}
+        assert metrics.values("throttlekit.scope.count", points) == {
+            attrs_(**{"throttlekit.scope.state": "normal"}): 1
+        }
+    waits = [grant - start for start, grant in zip(starts, grants, strict=True)]
+    assert sorted(waits) == pytest.approx([0.0, 0.5, 2.0, 2.5, 4.0, 4.5])
+    points = metrics.points()
+    histogram = metrics.histogram("throttlekit.permit.wait_time", points)
+    point = histogram[attrs_(**{OUTCOME: "granted"})]
+    assert point.count == 6
+    assert point.sum == pytest.approx(sum(waits))
+    assert point.max == pytest.approx(max(waits))
+    assert list(point.bucket_counts) == bucket_counts(waits)
+    assert list(point.explicit_bounds) == list(WAIT_BUCKETS)
+    assert metrics.values("throttlekit.permit.grants", points) == {attrs_(): 6}
+    assert metrics.values("throttlekit.permit.active", points) == {attrs_(): 0}
+    assert metrics.values("throttlekit.permit.waiting", points) == {frozenset(): 0}
+    assert metrics.values("throttlekit.scope.waiting", points) == {attrs_(): 0}
+
+
+async def test_groups_default_named_other_and_per_scope(metrics: Metrics) -> None:
+    limiter = Limiter(
+        scopes={"api.test": policy(concurrency=4, delay=0.0)},
+        default=policy(concurrency=1, delay=1.0),
+        concurrency=None,
+    )
+    metrics.instrument(limiter, name="crawler")
+    limiter.set_crawl_delay("slow.test", 3.0)
+    for url in ("https://api.test/a", "https://a.test/", "https://b.test/", "https://slow.test/"):
+        async with limiter.acquire(url):
+            pass
+    async with limiter.acquire(scopes={"api.test": 1.0, "a.test": 1.0}):
+        pass  # one permit in two groups: counted once in each
+    points = metrics.points()
+    name = {"throttlekit.limiter.name": "crawler"}
+    assert metrics.values("throttlekit.permit.grants", points) == {
+        group("api.test", **name): 2,
+        group("default", **name): 3,
+        group("other", **name): 1,
+    }
+    assert metrics.values("throttlekit.scope.delay", points) == {
+        group("api.test", **name): 0.0,
+        group("default", **name): 1.0,
+        group("other", **name): 3.0,
+    }
+    assert metrics.values("throttlekit.scope.concurrency", points) == {
+        group("api.test", **name): 4,
+        group("default", **name): 1,
+        group("other", **name): 1,
+    }
+
+    per_scope = Metrics()
+    try:
+        other = Limiter(default=policy(concurrency=1, delay=0.0))
+        per_scope.instrument(other, per_scope=True)
+        for url in ("https://a.test/", "https://b.test/", "https://b.test/x"):
+            async with other.acquire(url):
+                pass
+        assert per_scope.values("throttlekit.permit.grants") == {
+            group("a.test"): 1,
+            group("b.test"): 2,
+        }
+    finally:
+        per_scope.shutdown()
+
+    custom = Metrics()
+    try:
+        third = Limiter(default=policy(concurrency=1, delay=0.0))
+        custom.instrument(third, scope_group=lambda scope: scope.rpartition(".")[2])
+        for url in ("https://a.test/", "https://b.example/", "https://c.test/"):
+            async with third.acquire(url):
+                pass
+        assert custom.values("throttlekit.permit.grants") == {group("test"): 2, group("example"): 1}
+    finally:
+        custom.shutdown()
+
+
+# -- backoff signals and server waits --------------------------------------------------
+
+
+async def test_signals_server_waits_and_blocked_scopes(metrics: Metrics) -> None:
+    limiter = Limiter(default=policy(concurrency=1, delay=0.0), concurrency=None)
+    metrics.instrument(limiter)
+    url = "https://api.test/v1"
+    async with limiter.acquire(url) as permit:
+        permit.record(status=429, headers={"Retry-After": "7"})
+    points = metrics.points()
+    assert metrics.values("throttlekit.backoff.signals", points) == {
+        attrs_(**{"error.type": "429"}): 1
+    }
+    requested = metrics.histogram("throttlekit.server.requested_wait", points)[attrs_()]
+    assert (requested.count, requested.sum) == (1, 7.0)
+    stats = limiter.scope_statistics("api.test")
+    assert stats is not None
+    assert stats.blocked_until == pytest.approx(7.0)
+    assert metrics.values("throttlekit.scope.count", points) == {
+        attrs_(**{"throttlekit.scope.state": "blocked"}): 1
+    }
+    assert metrics.values("throttlekit.scope.delay", points) == {attrs_(): stats.delay}
+    assert stats.delay == EXACT_BACKOFF.min_delay
+
+    start = anyio.current_time()
+    async with limiter.acquire(url) as permit:
+        assert permit.granted_at - start == pytest.approx(7.0)  # the server's wait
+        permit.record(exception=TimeoutError("read timed out"))
+    async with limiter.acquire(url) as permit:
+        permit.record(status=200)  # not a signal
+    async with limiter.acquire(url) as permit:
+        permit.record(exception=ValueError("not a signal"))
+    points = metrics.points()
+    assert metrics.values("throttlekit.backoff.signals", points) == {
+        attrs_(**{"error.type": "429"}): 1,
+        attrs_(**{"error.type": "TimeoutError"}): 1,
+    }
+    histogram = metrics.histogram("throttlekit.permit.wait_time", points)
+    granted = histogram[attrs_(**{OUTCOME: "granted"})]
+    assert granted.count == 4
+    # After the 429 the delay is 1 s, after the timeout 2 s: the waits of the run.
+    assert granted.sum == pytest.approx(7.0 + 2.0 + 2.0)
+    assert metrics.values("throttlekit.scope.count", points) == {
+        attrs_(**{"throttlekit.scope.state": "slowed"}): 1
+    }
+
+
+async def test_record_for_some_scopes_and_rampup_signals(metrics: Metrics) -> None:
+    limiter = Limiter(
+        scopes={"upstream": policy(concurrency=None, delay=0.0, backoff=None)},
+        default=policy(concurrency=1, delay=0.0),
+        concurrency=None,
+    )
+    metrics.instrument(limiter)
+    async with limiter.acquire(scopes={"upstream": 1.0, "site.test": 1.0}) as permit:
+        permit.record(status=503, scopes=["site.test"])
+    async with limiter.acquire(scopes={"upstream": 1.0, "site.test": 1.0}) as permit:
+        permit.record(status=503)  # upstream has no backoff: a signal for site.test only
+    assert metrics.values("throttlekit.backoff.signals") == {attrs_(**{"error.type": "503"}): 2}
+
+
+# -- timeouts, overloads, cancellation -------------------------------------------------
+
+
+async def test_timeouts_overloads_and_cancellations(metrics: Metrics) -> None:
+    limiter = Limiter(default=policy(concurrency=1, delay=0.0), concurrency=None, max_waiters=1)
+    metrics.instrument(limiter)
+    url = "https://one.test/"
+    outcomes: list[str] = []
+
+    async def waiter(seconds: float) -> None:
+        try:
+            async with limiter.acquire(url, timeout=seconds):
+                outcomes.append("granted")
+        except ThrottleTimeout:
+            outcomes.append("timeout")
+
+    async with limiter.acquire(url):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(waiter, 1.5)
+            await settle()
+            with pytest.raises(Overloaded):
+                async with limiter.acquire(url):
+                    pass
+            await anyio.sleep(2.0)
+        assert outcomes == ["timeout"]
+        with anyio.move_on_after(0.25):
+            async with limiter.acquire(url):
+                pass  # never granted: cancelled after 0.25 s
+    points = metrics.points()
+    assert metrics.values("throttlekit.permit.timeouts", points) == {attrs_(): 1}
+    assert metrics.values("throttlekit.permit.overloads", points) == {attrs_(): 1}
+    histogram = metrics.histogram("throttlekit.permit.wait_time", points)
+    assert {key: (p.count, p.sum) for key, p in histogram.items()} == {
+        attrs_(**{OUTCOME: "granted"}): (1, 0.0),
+        attrs_(**{OUTCOME: "timeout"}): (1, pytest.approx(1.5)),
+        attrs_(**{OUTCOME: "overloaded"}): (1, 0.0),
+        attrs_(**{OUTCOME: "cancelled"}): (1, pytest.approx(0.25)),
+    }
+    assert metrics.values("throttlekit.permit.grants", points) == {attrs_(): 1}
+    assert metrics.values("throttlekit.permit.active", points) == {attrs_(): 0}
+    assert metrics.values("throttlekit.permit.waiting", points) == {frozenset(): 0}
+
+
+# -- acquire_nowait, release(), closing ------------------------------------------------
+
+
+async def test_acquire_nowait_and_sync_release_are_counted(metrics: Metrics) -> None:
+    limiter = Limiter(default=policy(concurrency=2, delay=0.0), concurrency=None)
+    metrics.instrument(limiter)
+    with limiter.acquire_nowait("https://a.test/"):
+        assert metrics.values("throttlekit.permit.active") == {attrs_(): 1}
+    permit = limiter.acquire_nowait("https://a.test/")
+    permit.release()
+    permit.release()  # idempotent
+    async with limiter.acquire("https://a.test/") as held:
+        held.release()  # released early, then the block ends
+    points = metrics.points()
+    assert metrics.values("throttlekit.permit.grants", points) == {attrs_(): 3}
+    assert metrics.values("throttlekit.permit.active", points) == {attrs_(): 0}
+    assert (
+        metrics.histogram("throttlekit.permit.wait_time", points)[
+            attrs_(**{OUTCOME: "granted"})
+        ].count
+        == 3
+    )
+
+
+async def test_close_restores_the_plain_permit(metrics: Metrics) -> None:
+    limiter = Limiter(default=policy(concurrency=2, delay=0.0))
+    assert type(limiter.acquire("https://a.test/")) is Permit  # not instrumented: plain permits
+    found = metrics.instrument(limiter)
+    assert "grants=0" in repr(found)
+    with pytest.raises(RuntimeError, match="already instrumented"):
+        metrics.instrument(limiter)
+    async with limiter.acquire("https://a.test/") as permit:
+        assert isinstance(permit, Permit)
+        assert type(permit) is not Permit
+    found.close()
+    found.close()
+    assert type(limiter.acquire("https://a.test/")) is Permit
+    async with limiter.acquire("https://a.test/"):
+        pass
+    assert "closed" in repr(found)
+    assert metrics.values("throttlekit.permit.grants") == {}  # a closed limiter reports nothing
+    metrics.instrument(limiter)  # may be instrumented again
+
+
+async def test_several_limiters_share_the_instruments(metrics: Metrics) -> None:
+    first = Limiter(default=policy(concurrency=1, delay=0.0))
+    second = Limiter(default=policy(concurrency=1, delay=0.0))
+    metrics.instrument(first, name="first")
+    metrics.instrument(second, name="second")
+    for limiter, count in ((first, 1), (second, 2)):
+        for _ in range(count):
+            async with limiter.acquire("https://a.test/"):
+                pass
+    assert metrics.values("throttlekit.permit.grants") == {
+        attrs_(**{"throttlekit.limiter.name": "first"}): 1,
+        attrs_(**{"throttlekit.limiter.name": "second"}): 2,
+    }
+    del first
+    import gc
+
+    gc.collect()
+    assert set(metrics.values("throttlekit.permit.grants")) == {
+        attrs_(**{"throttlekit.limiter.name": "second"})
+    }
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"], indirect=True)
+async def test_collecting_from_another_thread_while_the_loop_runs(metrics: Metrics) -> None:
+    """An exporter collects on its own thread (Prometheus, periodic readers); real time."""
+    limiter = Limiter(default=policy(concurrency=None, delay=0.0), concurrency=None)
+    metrics.instrument(limiter)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def collect() -> None:
+        try:
+            while not stop.is_set():
+                metrics.points()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=collect)
+    thread.start()
+    try:
+        for i in range(3000):  # new scopes while the thread reads them
+            async with limiter.acquire(f"https://h{i}.test/") as permit:
+                permit.record(status=200)
+            if i % 100 == 0:
+                await anyio.lowlevel.checkpoint()
+    finally:
+        stop.set()
+        await anyio.to_thread.run_sync(thread.join)
+    assert not errors
+    assert metrics.values("throttlekit.permit.grants") == {attrs_(): 3000}
+    assert metrics.values("throttlekit.scope.count") == {
+        attrs_(**{"throttlekit.scope.state": "normal"}): 3000
+    }
+
+
+# -- configuration errors --------------------------------------------------------------
+
+
+def test_bad_arguments_raise_naming_them(metrics: Metrics) -> None:
+    limiter = Limiter()
+    with pytest.raises(TypeError, match="limiter"):
+        metrics.instrument("not a limiter")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name"):
+        metrics.instrument(limiter, name=3)
+    with pytest.raises(TypeError, match="scope_group"):
+        metrics.instrument(limiter, scope_group="by host")
+    with pytest.raises(TypeError, match="per_scope"):
+        metrics.instrument(limiter, per_scope="yes")
+    with pytest.raises(ValueError, match="not both"):
+        metrics.instrument(limiter, per_scope=True, scope_group=str)
+    assert type(limiter.acquire("https://a.test/")) is Permit
+
+
+def test_wait_buckets_are_increasing() -> None:
+    assert list(WAIT_BUCKETS) == sorted(set(WAIT_BUCKETS))
+    assert all(math.isfinite(bound) and bound > 0 for bound in WAIT_BUCKETS)

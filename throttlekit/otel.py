@@ -1,0 +1,582 @@
+"""OpenTelemetry metrics of what a limiter does: waits, grants, backoff signals, limits in force.
+
+Install the extra (``pip install "throttlekit[otel]"``, which brings the
+OpenTelemetry *API* only), set up the OpenTelemetry SDK and an exporter in
+the application as usual, then instrument each limiter once::
+
+    from throttlekit.otel import instrument
+
+    metrics = instrument(limiter)  # uses the global meter provider
+
+Nothing is recorded, and nothing is paid, for a limiter that is not
+instrumented. An instrumented limiter hands out permits that record, per
+request: the time it waited for its permit (a histogram, also of the waits
+that ended in a timeout, an overload or a cancellation), the grant, the
+backoff signals and the waits servers asked for in what :meth:`Permit.record
+<throttlekit.Permit.record>` is told. The number of permits held and of
+requests waiting, and each scope's effective delay and concurrency, are
+observed when the metric reader collects.
+
+Attributes are bounded by default: scopes are grouped (attribute
+``throttlekit.scope.group``) by their policy, so a broad crawl of 100,000
+hosts yields a handful of series, not 100,000. See :func:`instrument` for
+``scope_group=`` and ``per_scope=True``, and the docs page *Metrics* for
+the table of every metric.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+from . import __version__
+from ._backoff import Backoff
+from ._errors import BackendUnavailable, Overloaded, ThrottleTimeout
+from ._limiter import Limiter, Permit, _now
+from .adapters._common import missing_extra
+
+try:
+    from opentelemetry import metrics as _otel
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise missing_extra("throttlekit.otel", "opentelemetry-api", "otel") from exc
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+
+    from ._controller import Feedback
+
+__all__ = ["LimiterMetrics", "instrument"]
+
+#: The group of scopes that have the limiter's default policy.
+_DEFAULT_GROUP: Final = "default"
+#: The group of scopes whose policy was set after instrumenting (robots.txt
+#: ``Crawl-Delay``, :meth:`Limiter.set_policy <throttlekit.Limiter.set_policy>`).
+_OTHER_GROUP: Final = "other"
+
+#: Histogram buckets of ``throttlekit.permit.wait_time`` (seconds).
+_WAIT_BUCKETS: Final = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+#: Histogram buckets of ``throttlekit.server.requested_wait`` (seconds).
+_SERVER_WAIT_BUCKETS: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+# Attribute names.
+GROUP: Final = "throttlekit.scope.group"
+OUTCOME: Final = "throttlekit.acquire.outcome"
+STATE: Final = "throttlekit.scope.state"
+LIMITER: Final = "throttlekit.limiter.name"
+ERROR_TYPE: Final = "error.type"
+
+_DEFAULT_BACKOFF = Backoff()
+
+
+def instrument(
+    limiter: Limiter,
+    *,
+    meter_provider: MeterProvider | None = None,
+    name: str | None = None,
+    scope_group: Callable[[str], str] | None = None,
+    per_scope: bool = False,
+) -> LimiterMetrics:
+    """Record OpenTelemetry metrics of everything ``limiter`` does from now on.
+
+    :param limiter: the limiter to instrument (once; permits it handed out
+        before are not counted).
+    :param meter_provider: where the instruments are created; default: the
+        global one (``opentelemetry.metrics.set_meter_provider``), so set
+        that up first.
+    :param name: a ``throttlekit.limiter.name`` attribute on every metric,
+        to tell several limiters of one process apart; default: none.
+    :param scope_group: maps a scope name to the value of the
+        ``throttlekit.scope.group`` attribute (e.g. the registrable domain,
+        or ``"api"`` for every API key). Keep its results few: each distinct
+        value is a series of every metric.
+    :param per_scope: ``True`` uses every scope's name as its group: exact,
+        per host, but one series per scope (only for a few known scopes).
+    :returns: the :class:`LimiterMetrics`; :meth:`LimiterMetrics.close` stops.
+    :raises RuntimeError: the limiter is already instrumented.
+
+    By default a scope named in the limiter's ``scopes=`` (``THROTTLING_SCOPES``)
+    is its own group, a scope with the default policy is in the group
+    ``"default"``, and a scope whose policy was set later (a robots.txt
+    ``Crawl-Delay``, ``set_policy()``) in the group ``"other"``.
+    """
+    return LimiterMetrics(
+        limiter,
+        meter_provider=meter_provider,
+        name=name,
+        scope_group=scope_group,
+        per_scope=per_scope,
+    )
+
+
+class LimiterMetrics:
+    """The metrics of one instrumented :class:`~throttlekit.Limiter` (see :func:`instrument`).
+
+    It holds the live counts the observable instruments report: permits
+    granted and held per group, requests waiting. Usage::
+
+        metrics = instrument(limiter, name="crawler")
+        ...
+        metrics.close()  # the limiter's new permits are not metered any more
+    """
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        *,
+        meter_provider: MeterProvider | None = None,
+        name: str | None = None,
+        scope_group: Callable[[str], str] | None = None,
+        per_scope: bool = False,
+    ) -> None:
+        if not isinstance(limiter, Limiter):
+            raise TypeError(f"limiter must be a throttlekit.Limiter, got {limiter!r}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, got {name!r}")
+        if scope_group is not None and not callable(scope_group):
+            raise TypeError(f"scope_group must be callable or None, got {scope_group!r}")
+        if not isinstance(per_scope, bool):
+            raise TypeError(f"per_scope must be a bool, got {per_scope!r}")
+        if per_scope and scope_group is not None:
+            raise ValueError("give scope_group or per_scope=True, not both")
+        if limiter._permit_type is not Permit:
+            raise RuntimeError(f"{limiter!r} is already instrumented")
+        self.name = name
+        self._limiter = weakref.ref(limiter)
+        self._base: dict[str, str] = {} if name is None else {LIMITER: name}
+        if per_scope:
+            self.group_of: Callable[[str], str] = _same
+        elif scope_group is not None:
+            self.group_of = scope_group
+        else:
+            self.group_of = _policy_group(limiter)
+        #: Permits granted, by group (read by an observable counter: cheap to count).
+        self.grants: dict[str, int] = {}
+        #: Permits held now, by group.
+        self.active: dict[str, int] = {}
+        #: Requests inside ``acquire()`` now (waiting for a permit).
+        self.waiting = 0
+        self._offset = 0.0  # the limiter clock minus time.monotonic(), sampled on the loop
+        self.closed = False
+        provider = meter_provider if meter_provider is not None else _otel.get_meter_provider()
+        self._instruments = _Instruments.of(provider)
+        self._instruments.add(self)
+        limiter._permit_type = type(
+            "MeteredPermit", (_MeteredPermit,), {"__slots__": (), "_metrics": self}
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (
+            f"<LimiterMetrics {self.name or ''} {state} grants={sum(self.grants.values())} "
+            f"active={sum(self.active.values())} waiting={self.waiting}>"
+        )
+
+    @property
+    def limiter(self) -> Limiter | None:
+        """The instrumented limiter (``None`` once it has been garbage-collected)."""
+        return self._limiter()
+
+    def close(self) -> None:
+        """Stop: the limiter's new permits are not metered, its gauges not reported."""
+        if self.closed:
+            return
+        self.closed = True
+        self._instruments.discard(self)
+        limiter = self._limiter()
+        if limiter is not None and getattr(limiter._permit_type, "_metrics", None) is self:
+            limiter._permit_type = Permit
+
+    # -- recording (on the event loop) ---------------------------------------------
+
+    def _attributes(self, group: str, **extra: str) -> dict[str, str]:
+        attributes = {**self._base, GROUP: group}
+        attributes.update(extra)
+        return attributes
+
+    def _groups(self, scopes: Iterable[str]) -> set[str]:
+        group_of = self.group_of
+        return {group_of(scope) for scope in scopes}
+
+    def _granted(self, permit: _MeteredPermit, waited: float) -> frozenset[str]:
+        groups = frozenset(self._groups(permit.scopes))
+        grants, active = self.grants, self.active
+        histogram = self._instruments.wait_time
+        for group in groups:
+            grants[group] = grants.get(group, 0) + 1
+            active[group] = active.get(group, 0) + 1
+            histogram.record(waited, self._attributes(group, **{OUTCOME: "granted"}))
+        return groups
+
+    def _released(self, groups: frozenset[str]) -> None:
+        active = self.active
+        for group in groups:
+            active[group] -= 1
+
+    def _failed(self, permit: _MeteredPermit, exc: BaseException, waited: float) -> None:
+        if isinstance(exc, ThrottleTimeout):
+            outcome, counter = "timeout", self._instruments.timeouts
+        elif isinstance(exc, Overloaded):
+            outcome, counter = "overloaded", self._instruments.overloads
+        elif isinstance(exc, BackendUnavailable):
+            outcome, counter = "unavailable", None
+        elif not isinstance(exc, Exception):
+            outcome, counter = "cancelled", None  # cancellation, KeyboardInterrupt...
+        else:
+            return  # a misuse or a resolver's error: not a throttling decision
+        histogram = self._instruments.wait_time
+        for group in self._groups(_requested_scopes(permit)):
+            attributes = self._attributes(group)
+            if counter is not None:
+                counter.add(1, attributes)
+            attributes[OUTCOME] = outcome
+            histogram.record(waited, attributes)
+
+    def _feedback(self, permit: _MeteredPermit, feedback: Feedback) -> None:
+        limiter = self._limiter()
+        if limiter is None:
+            return
+        scopes: Iterable[str] = feedback.scopes if feedback.scopes is not None else permit.scopes
+        info = feedback.rate_limit
+        requested = None if info is None else info.wait()
+        signalled: dict[str, str] = {}
+        asked: set[str] = set()
+        group_of = self.group_of
+        for scope in scopes:
+            group = group_of(scope)
+            if requested is not None and requested > 0:
+                asked.add(group)
+            policy = limiter.policy(scope)
+            backoff = policy.backoff
+            if backoff is None and policy.rampup is not None:
+                backoff = _DEFAULT_BACKOFF  # rampup counts signals by the default rule
+            if backoff is not None and backoff.is_signal(feedback):
+                signalled[group] = _signal_name(backoff, feedback)
+        instruments = self._instruments
+        for group, signal in signalled.items():
+            instruments.signals.add(1, self._attributes(group, **{ERROR_TYPE: signal}))
+        for group in asked:
+            assert requested is not None
+            instruments.server_wait.record(requested, self._attributes(group))
+
+    def _clock(self) -> float:
+        """The limiter's clock; off the event loop (an exporter's thread), an estimate."""
+        try:
+            return _now()
+        except Exception:
+            return time.monotonic() + self._offset
+
+    # -- observing (on the metric reader's thread) ---------------------------------
+
+    def _observe_counts(self, counts: dict[str, int]) -> Iterator[Observation]:
+        for group, value in list(counts.items()):
+            yield _otel.Observation(value, self._attributes(group))
+
+    def _observe_waiting(self) -> Iterator[Observation]:
+        yield _otel.Observation(self.waiting, dict(self._base))
+
+    def _observe_scopes(self) -> Iterator[tuple[str, Observation]]:
+        """Per group: scopes by state, waiting requests, largest delay, least concurrency."""
+        limiter = self._limiter()
+        if limiter is None:
+            return
+        now = self._clock()
+        group_of = self.group_of
+        states: dict[tuple[str, str], int] = {}
+        waiting: dict[str, int] = {}
+        delay: dict[str, float] = {}
+        concurrency: dict[str, int] = {}
+        for scope in _ledgers(limiter):
+            group = group_of(scope.name)
+            policy = scope.policy
+            limit = scope.concurrency
+            if scope.blocked_until > now:
+                state = "blocked"
+            elif scope.delay > policy.delay or (
+                limit is not None and (policy.concurrency is None or limit < policy.concurrency)
+            ):
+                state = "slowed"
+            else:
+                state = "normal"
+            states[group, state] = states.get((group, state), 0) + 1
+            waiting[group] = waiting.get(group, 0) + scope.waiting
+            delay[group] = max(delay.get(group, 0.0), scope.delay)
+            if limit is not None:
+                concurrency[group] = min(concurrency.get(group, limit), limit)
+        for (group, state), count in states.items():
+            yield "count", _otel.Observation(count, self._attributes(group, **{STATE: state}))
+        for group, value in waiting.items():
+            yield "waiting", _otel.Observation(value, self._attributes(group))
+        for group, seconds in delay.items():
+            yield "delay", _otel.Observation(seconds, self._attributes(group))
+        for group, value in concurrency.items():
+            yield "concurrency", _otel.Observation(value, self._attributes(group))
+
+
+class _MeteredPermit(Permit):
+    """A :class:`Permit` that reports to its limiter's :class:`LimiterMetrics`."""
+
+    __slots__ = ("_groups", "_started")
+
+    _metrics: LimiterMetrics  # set on the subclass made for each instrumented limiter
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._groups: frozenset[str] | None = None  # while held: the groups counted active
+        self._started = False
+
+    async def __aenter__(self) -> Permit:
+        metrics = self._metrics
+        start = _now()
+        metrics._offset = start - time.monotonic()
+        self._started = True
+        metrics.waiting += 1
+        try:
+            await super().__aenter__()
+        except BaseException as exc:
+            metrics.waiting -= 1
+            metrics._failed(self, exc, max(0.0, _now() - start))
+            raise
+        metrics.waiting -= 1
+        self._groups = metrics._granted(self, max(0.0, self.granted_at - start))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await super().__aexit__(exc_type, exc, tb)
+        finally:
+            self._done()
+
+    def __enter__(self) -> Permit:
+        entered = super().__enter__()
+        self._count_nowait()
+        return entered
+
+    def release(self) -> None:
+        """Give back the concurrency this permit holds (idempotent)."""
+        self._count_nowait()
+        super().release()
+        self._done()
+
+    def record(self, response: Any = None, **fields: Any) -> Feedback:
+        """Report how the request went (see :meth:`Permit.record <throttlekit.Permit.record>`)."""
+        feedback = super().record(response, **fields)
+        self._metrics._feedback(self, feedback)
+        return feedback
+
+    def _count_nowait(self) -> None:
+        """A permit of ``acquire_nowait()`` is counted when it is first used."""
+        if not self._started and self._ticket is not None:
+            self._started = True
+            self._groups = self._metrics._granted(self, 0.0)
+
+    def _done(self) -> None:
+        groups = self._groups
+        if groups is not None:
+            self._groups = None
+            self._metrics._released(groups)
+
+
+class _Instruments:
+    """One meter provider's instruments, shared by every limiter instrumented with it.
+
+    An OpenTelemetry meter gives the same instrument for the same name, so
+    the observable instruments' callbacks go over every registered
+    :class:`LimiterMetrics` (held weakly: a limiter that is gone drops out).
+    """
+
+    _shared: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    @classmethod
+    def of(cls, provider: MeterProvider) -> _Instruments:
+        with cls._lock:
+            instruments = cls._shared.get(provider)
+            if instruments is None:
+                instruments = cls._shared[provider] = cls(
+                    provider.get_meter("throttlekit", __version__)
+                )
+            return instruments
+
+    def __init__(self, meter: Meter) -> None:
+        self._members: weakref.WeakSet[LimiterMetrics] = weakref.WeakSet()
+        self._scope_cache: tuple[float, dict[str, list[Observation]]] = (-1.0, {})
+        self.wait_time = meter.create_histogram(
+            "throttlekit.permit.wait_time",
+            unit="s",
+            description="Time each acquire() waited for its permit (or until it gave up).",
+            explicit_bucket_boundaries_advisory=_WAIT_BUCKETS,
+        )
+        self.timeouts = meter.create_counter(
+            "throttlekit.permit.timeouts",
+            unit="{timeout}",
+            description="acquire() calls that ran out of time (ThrottleTimeout).",
+        )
+        self.overloads = meter.create_counter(
+            "throttlekit.permit.overloads",
+            unit="{request}",
+            description="acquire() calls refused because max_waiters were waiting (Overloaded).",
+        )
+        self.signals = meter.create_counter(
+            "throttlekit.backoff.signals",
+            unit="{signal}",
+            description="Responses and failures that a scope's backoff counts as a signal.",
+        )
+        self.server_wait = meter.create_histogram(
+            "throttlekit.server.requested_wait",
+            unit="s",
+            description="Waits servers asked for (Retry-After, or a spent RateLimit's reset).",
+            explicit_bucket_boundaries_advisory=_SERVER_WAIT_BUCKETS,
+        )
+        meter.create_observable_counter(
+            "throttlekit.permit.grants",
+            callbacks=[self._observe_grants],
+            unit="{permit}",
+            description="Permits granted.",
+        )
+        meter.create_observable_up_down_counter(
+            "throttlekit.permit.active",
+            callbacks=[self._observe_active],
+            unit="{permit}",
+            description="Permits held now (requests being sent).",
+        )
+        meter.create_observable_up_down_counter(
+            "throttlekit.permit.waiting",
+            callbacks=[self._observe_waiting],
+            unit="{request}",
+            description="Requests waiting in acquire() now.",
+        )
+        meter.create_observable_up_down_counter(
+            "throttlekit.scope.count",
+            callbacks=[self._scope_callback("count")],
+            unit="{scope}",
+            description="Scopes tracked, by state (blocked by a server, slowed, normal).",
+        )
+        meter.create_observable_up_down_counter(
+            "throttlekit.scope.waiting",
+            callbacks=[self._scope_callback("waiting")],
+            unit="{request}",
+            description="Requests waiting that need a scope of the group.",
+        )
+        meter.create_observable_gauge(
+            "throttlekit.scope.delay",
+            callbacks=[self._scope_callback("delay")],
+            unit="s",
+            description="The largest effective delay between sends among the group's scopes.",
+        )
+        meter.create_observable_gauge(
+            "throttlekit.scope.concurrency",
+            callbacks=[self._scope_callback("concurrency")],
+            unit="{request}",
+            description="The smallest effective concurrency among the group's scopes.",
+        )
+
+    def add(self, metrics: LimiterMetrics) -> None:
+        with self._lock:
+            self._members.add(metrics)
+
+    def discard(self, metrics: LimiterMetrics) -> None:
+        with self._lock:
+            self._members.discard(metrics)
+
+    def _live(self) -> list[LimiterMetrics]:
+        with self._lock:
+            return [metrics for metrics in self._members if metrics.limiter is not None]
+
+    def _observe_grants(self, options: CallbackOptions) -> Iterator[Observation]:
+        for metrics in self._live():
+            yield from metrics._observe_counts(metrics.grants)
+
+    def _observe_active(self, options: CallbackOptions) -> Iterator[Observation]:
+        for metrics in self._live():
+            yield from metrics._observe_counts(metrics.active)
+
+    def _observe_waiting(self, options: CallbackOptions) -> Iterator[Observation]:
+        for metrics in self._live():
+            yield from metrics._observe_waiting()
+
+    def _scope_callback(self, kind: str) -> Callable[[CallbackOptions], list[Observation]]:
+        """One of the four per-scope instruments, all from a single pass over the scopes.
+
+        The first of them to be called in a collection goes over every scope
+        and keeps the other three's observations for the rest of it.
+        """
+
+        def callback(options: CallbackOptions) -> list[Observation]:
+            with self._lock:
+                taken, cache = self._scope_cache
+                if kind not in cache or time.monotonic() - taken > 1.0:
+                    # This collection has not gone over the scopes yet.
+                    cache = {"count": [], "waiting": [], "delay": [], "concurrency": []}
+                    for metrics in [m for m in self._members if m.limiter is not None]:
+                        for name, observation in metrics._observe_scopes():
+                            cache[name].append(observation)
+                    self._scope_cache = (time.monotonic(), cache)
+                return cache.pop(kind)
+
+        return callback
+
+
+def _same(scope: str) -> str:
+    return scope
+
+
+def _policy_group(limiter: Limiter) -> Callable[[str], str]:
+    """The default grouping: named scopes alone, the rest by default policy or not."""
+    named = frozenset(limiter.policies) - frozenset(limiter.crawl_delays)
+    default = limiter.default
+
+    def group_of(scope: str) -> str:
+        if scope in named:
+            return scope
+        policy = limiter.policy(scope)
+        return _DEFAULT_GROUP if policy is default or policy == default else _OTHER_GROUP
+
+    return group_of
+
+
+def _signal_name(backoff: Backoff, feedback: Feedback) -> str:
+    """The ``error.type`` of a signal: the status code, or the exception's qualified class."""
+    status = feedback.status
+    if status is not None and status in backoff.http_codes:
+        return str(status)
+    cls = type(feedback.exception)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _requested_scopes(permit: Permit) -> Iterable[str]:
+    """The scopes a permit that was not granted asked for, when they can be told without I/O."""
+    limiter = permit._limiter
+    try:
+        costs = limiter._resolve(permit._request, permit._scopes)
+    except Exception:
+        return ()
+    if isinstance(costs, Mapping):
+        return costs
+    close = getattr(costs, "close", None)  # an async resolver's coroutine: not run twice
+    if close is not None:
+        close()
+    return ()
+
+
+def _ledgers(limiter: Limiter) -> list[Any]:
+    """The scopes the limiter keeps in memory (none when a shared backend decides).
+
+    Read from another thread than the event loop's (the exporter's): the
+    list is copied at once and the ledgers are only read.
+    """
+    core = getattr(limiter, "_core", None)
+    if core is None:
+        return []
+    return list(core.scopes.values())
