@@ -39,7 +39,7 @@ from ._harness import (
     fmt_ratio,
     measure_loops,
 )
-from .peers import PEERS, THROTTLEKIT_CASES, Case, PeerMissing
+from .peers import OTEL_LABEL, PEERS, THROTTLEKIT_CASES, Case, PeerMissing
 
 __all__ = ["SUITES"]
 
@@ -107,6 +107,17 @@ async def _uncontended(config: RunConfig, result: SuiteResult) -> None:
 
     ours = timings.get("throttlekit")
     aio = timings.get("aiolimiter")
+    metered = timings.get(OTEL_LABEL)
+    if ours is not None and metered is not None:
+        extra = metered.median_ns - ours.median_ns
+        result.notes.append(
+            f"OpenTelemetry metrics (throttlekit.otel): an instrumented limiter costs "
+            f"{fmt_ns(metered.median_ns)} per uncontended acquire+release, "
+            f"{fmt_ns(extra)} ({metered.median_ns / ours.median_ns:.2f}x) more than the same "
+            "limiter without them; a limiter that is not instrumented runs the unchanged "
+            "fast path (the 'throttlekit' row)."
+        )
+        result.data["otel_extra_ns"] = extra
     if ours is not None and reference:
         ratio = ours.median_ns / reference
         result.targets.append(

@@ -20,7 +20,7 @@ from throttlekit import Limiter, ScopePolicy
 
 from ._harness import OpLoop
 
-__all__ = ["PEERS", "THROTTLEKIT_CASES", "Case", "PeerMissing"]
+__all__ = ["OTEL_LABEL", "PEERS", "THROTTLEKIT_CASES", "Case", "PeerMissing"]
 
 HOST = "example.com"
 URL = "https://example.com/catalogue/page-1.html"
@@ -262,6 +262,39 @@ async def throttlekit_nowait() -> Case:
     )
 
 
+async def throttlekit_otel() -> Case:
+    _require("opentelemetry.sdk.metrics", "opentelemetry-sdk")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from throttlekit.otel import instrument
+
+    limiter = _throttlekit_limiter(explicit=False)
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    instrument(limiter, meter_provider=provider)
+    acquire = limiter.acquire
+
+    async def loop(n: int) -> None:
+        for _ in range(n):
+            async with acquire(URL):
+                pass
+
+    async def cleanup() -> None:
+        provider.shutdown()
+
+    return Case(
+        OTEL_LABEL,
+        "as 'throttlekit', instrumented with throttlekit.otel.instrument(limiter) on an "
+        "OpenTelemetry SDK MeterProvider (in-memory reader): a wait-time histogram record "
+        "and two counts per acquire",
+        loop,
+        cleanup,
+    )
+
+
+#: The label of the instrumented case (the overhead suite compares it with "throttlekit").
+OTEL_LABEL = "throttlekit + OpenTelemetry metrics"
+
 #: The peers in the order they are reported; the first is the reference.
 PEERS: tuple[Callable[[], Awaitable[Case]], ...] = (
     asyncio_semaphore,
@@ -277,4 +310,5 @@ THROTTLEKIT_CASES: tuple[Callable[[], Awaitable[Case]], ...] = (
     throttlekit_explicit_scopes,
     throttlekit_distinct_urls,
     throttlekit_nowait,
+    throttlekit_otel,
 )

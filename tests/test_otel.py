@@ -9,15 +9,21 @@ numbers.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 import trio.testing
+from _server import LocalServer, Reply
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -34,6 +40,9 @@ from throttlekit.otel import LimiterMetrics, instrument
 from throttlekit.testing import VirtualEventLoop
 
 pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = ROOT / "tests" / "scrapy_project" / "run_crawl.py"
 
 GROUP = "throttlekit.scope.group"
 OUTCOME = "throttlekit.acquire.outcome"
@@ -452,3 +461,106 @@ def test_bad_arguments_raise_naming_them(metrics: Metrics) -> None:
 def test_wait_buckets_are_increasing() -> None:
     assert list(WAIT_BUCKETS) == sorted(set(WAIT_BUCKETS))
     assert all(math.isfinite(bound) and bound > 0 for bound in WAIT_BUCKETS)
+
+
+# -- the Scrapy middleware: a real crawl in a subprocess -------------------------------
+
+
+def test_scrapy_middleware_enables_metrics_from_a_setting(tmp_path: Path) -> None:
+    """THROTTLING_METRICS_ENABLED instruments the crawl's limiter on the global provider."""
+    pytest.importorskip("scrapy")
+    with LocalServer() as server:
+        server.route(behaviour=Reply(latency=0.02))
+        server.route("b.test", behaviour=Reply(status=429, headers={"Retry-After": "1"}))
+        named = f"b.test:{server.port}"
+        settings = {
+            "DOWNLOADER_MIDDLEWARES": {"throttlekit.adapters.scrapy.ThrottlingMiddleware": 950},
+            "DOWNLOAD_DELAY": 0.2,
+            "DOWNLOAD_DELAY_JITTER": 0,
+            "DOWNLOAD_DELAY_PER_SLOT": 0,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+            "RETRY_ENABLED": False,
+            "THROTTLING_SCOPES": {named: {"delay": 0.1}},
+            "THROTTLING_METRICS_ENABLED": True,
+            "THROTTLING_METRICS_NAME": "crawl",
+        }
+        urls = [f"a.test/p{i}" for i in range(3)] + ["b.test/limited"]
+        requests = [{"url": f"http://{url.replace('/', f':{server.port}/', 1)}"} for url in urls]
+        plan = tmp_path / "plan.json"
+        result = tmp_path / "result.json"
+        plan.write_text(json.dumps({"settings": settings, "requests": requests, "otel": True}))
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        process = subprocess.run(
+            [sys.executable, str(RUNNER), str(plan), str(result)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert process.returncode == 0, process.stderr[-5000:]
+        server.wait_idle()
+    found: dict[tuple[str, frozenset[Any]], Any] = {}
+    for name, attributes, value in json.loads(result.read_text())["metrics"]:
+        assert attributes.pop("throttlekit.limiter.name") == "crawl"
+        found[name, frozenset(attributes.items())] = value
+    stats = json.loads(result.read_text())["stats"]
+    assert stats["throttlekit/request_count"] == 4
+    assert found["throttlekit.permit.grants", group("default")] == 3
+    assert found["throttlekit.permit.grants", group(named)] == 1
+    count, total = found["throttlekit.permit.wait_time", group("default", **{OUTCOME: "granted"})]
+    assert count == 3
+    assert total >= 0.2 + 0.4 - 0.05  # the first waits for nothing, then 0.2 s apart
+    assert found["throttlekit.backoff.signals", group(named, **{"error.type": "429"})] == 1
+    assert found["throttlekit.server.requested_wait", group(named)] == [1, 1.0]
+    assert found["throttlekit.permit.active", group("default")] == 0
+    assert found["throttlekit.permit.waiting", frozenset()] == 0
+
+
+# -- the Redis backend: the same permit metrics through the backend seam ---------------
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("anyio_backend", ["asyncio"], indirect=True)
+async def test_redis_backend_permits_are_metered(metrics: Metrics) -> None:
+    pytest.importorskip("redis")
+    from test_backend_redis import RedisServer
+
+    from throttlekit.backends.redis import RedisBackend
+
+    server = RedisServer()
+    server.start()
+    try:
+        backend = RedisBackend.from_url(server.url, prefix="otel")
+        limiter = Limiter(default=policy(concurrency=1, delay=0.2), backend=backend)
+        metrics.instrument(limiter)
+        waits: list[float] = []
+
+        async def request() -> None:
+            start = anyio.current_time()
+            async with limiter.acquire("https://api.test/v1") as permit:
+                waits.append(permit.granted_at - start)
+                permit.record(status=429 if len(waits) == 1 else 200)
+
+        async with anyio.create_task_group() as tasks:
+            for _ in range(3):
+                tasks.start_soon(request)
+        await backend.aclose()
+    finally:
+        server.stop()
+    points = metrics.points()
+    assert metrics.values("throttlekit.permit.grants", points) == {attrs_(): 3}
+    granted = metrics.histogram("throttlekit.permit.wait_time", points)[
+        attrs_(**{OUTCOME: "granted"})
+    ]
+    assert granted.count == 3
+    assert granted.sum == pytest.approx(sum(waits), abs=1e-3)  # two reads of the clock
+    assert metrics.values("throttlekit.backoff.signals", points) == {
+        attrs_(**{"error.type": "429"}): 1
+    }
+    assert metrics.values("throttlekit.permit.active", points) == {attrs_(): 0}
+    assert metrics.values("throttlekit.permit.waiting", points) == {frozenset(): 0}

@@ -162,6 +162,7 @@ class LimiterMetrics:
         #: Requests inside ``acquire()`` now (waiting for a permit).
         self.waiting = 0
         self._offset = 0.0  # the limiter clock minus time.monotonic(), sampled on the loop
+        self._granted_attributes: dict[str, dict[str, str]] = {}
         self.closed = False
         provider = meter_provider if meter_provider is not None else _otel.get_meter_provider()
         self._instruments = _Instruments.of(provider)
@@ -203,17 +204,28 @@ class LimiterMetrics:
         group_of = self.group_of
         return {group_of(scope) for scope in scopes}
 
-    def _granted(self, permit: _MeteredPermit, waited: float) -> frozenset[str]:
-        groups = frozenset(self._groups(permit.scopes))
+    def _granted(self, permit: _MeteredPermit, waited: float) -> tuple[str, ...]:
+        scopes = permit._ticket.scopes
+        group_of = self.group_of
+        if len(scopes) == 1:
+            groups: tuple[str, ...] = (group_of(next(iter(scopes))),)
+        else:
+            groups = tuple({group_of(scope) for scope in scopes})
         grants, active = self.grants, self.active
-        histogram = self._instruments.wait_time
+        record = self._instruments.wait_time.record
+        cache = self._granted_attributes
         for group in groups:
             grants[group] = grants.get(group, 0) + 1
             active[group] = active.get(group, 0) + 1
-            histogram.record(waited, self._attributes(group, **{OUTCOME: "granted"}))
+            attributes = cache.get(group)
+            if attributes is None:
+                if len(cache) >= 4096:  # per_scope=True over many scopes: keep it bounded
+                    cache.clear()
+                attributes = cache[group] = self._attributes(group, **{OUTCOME: "granted"})
+            record(waited, attributes)
         return groups
 
-    def _released(self, groups: frozenset[str]) -> None:
+    def _released(self, groups: tuple[str, ...]) -> None:
         active = self.active
         for group in groups:
             active[group] -= 1
@@ -327,7 +339,7 @@ class _MeteredPermit(Permit):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._groups: frozenset[str] | None = None  # while held: the groups counted active
+        self._groups: tuple[str, ...] | None = None  # while held: the groups counted active
         self._started = False
 
     async def __aenter__(self) -> Permit:

@@ -4,10 +4,13 @@ Usage: ``python run_crawl.py plan.json result.json``
 
 ``plan.json`` holds ``settings`` (Scrapy settings), ``requests`` (the
 :class:`loopback.PlanSpider` plan) and optionally ``sweep_interval`` (seconds
-between the middleware's checks for leaked permits) and
-``without_robots_parsed`` (true: the middleware reads robots.txt itself, as
-on a Scrapy without the ``robots_parsed`` signal). ``result.json`` gets the
-final ``stats`` and the spider's ``outcomes``.
+between the middleware's checks for leaked permits), ``without_robots_parsed``
+(true: the middleware reads robots.txt itself, as on a Scrapy without the
+``robots_parsed`` signal) and ``otel`` (true: set up the OpenTelemetry SDK's
+global meter provider with an in-memory reader). ``result.json`` gets the
+final ``stats``, the spider's ``outcomes`` and, with ``otel``, the ``metrics``
+collected at the end: ``[name, attributes, value]`` (a histogram's value is
+``[count, sum]``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def main() -> None:
     }
     if not hasattr(default_settings, "TWISTED_DNS_RESOLVER"):  # Scrapy < 2.14
         settings["DNS_RESOLVER"] = settings.pop("TWISTED_DNS_RESOLVER")
+    reader = _global_metric_reader() if plan.get("otel") else None
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(PlanSpider)
     process.crawl(crawler, plan=plan["requests"])
@@ -56,7 +60,32 @@ def main() -> None:
         "stats": {key: _jsonable(value) for key, value in stats.items()},
         "outcomes": crawler.spider.outcomes if crawler.spider else [],
     }
+    if reader is not None:
+        result["metrics"] = _metrics(reader)
     Path(sys.argv[2]).write_text(json.dumps(result))
+
+
+def _global_metric_reader() -> Any:
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return reader
+
+
+def _metrics(reader: Any) -> list[list[Any]]:
+    found = []
+    for resource in reader.get_metrics_data().resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    value = getattr(point, "value", None)
+                    if value is None:
+                        value = [point.count, point.sum]
+                    found.append([metric.name, dict(point.attributes), value])
+    return found
 
 
 if __name__ == "__main__":

@@ -202,6 +202,29 @@ def _jitter_setting(settings: BaseSettings) -> Any:
     return magnitude
 
 
+def _instrument(limiter: Limiter, settings: BaseSettings) -> None:
+    """Record OpenTelemetry metrics of ``limiter`` as the ``THROTTLING_METRICS_*`` settings say."""
+    from ..otel import instrument
+
+    group = settings.get("THROTTLING_METRICS_SCOPE_GROUP")
+    if isinstance(group, str):
+        try:
+            group = load_object(group)
+        except (ImportError, NameError, AttributeError, ValueError) as exc:
+            raise ValueError(
+                f"THROTTLING_METRICS_SCOPE_GROUP: cannot import {group!r}: {exc}"
+            ) from None
+    try:
+        instrument(
+            limiter,
+            name=settings.get("THROTTLING_METRICS_NAME"),
+            per_scope=settings.getbool("THROTTLING_METRICS_PER_SCOPE"),
+            scope_group=group,
+        )
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"THROTTLING_METRICS_*: {exc}") from None
+
+
 def _asyncio_available() -> bool:
     try:
         from scrapy.utils.asyncio import is_asyncio_available
@@ -242,6 +265,12 @@ class ThrottlingMiddleware:
       crawler and returning the :class:`~throttlekit.Limiter` to use, e.g. one
       with a shared Redis backend; the ``THROTTLING_*``/``BACKOFF_*``... settings
       are then not read.
+    * ``THROTTLING_METRICS_ENABLED`` (default ``False``): record OpenTelemetry
+      metrics of the limiter (:func:`throttlekit.otel.instrument`, on the global
+      meter provider), with ``THROTTLING_METRICS_PER_SCOPE``,
+      ``THROTTLING_METRICS_SCOPE_GROUP`` (an import path) and
+      ``THROTTLING_METRICS_NAME`` as its ``per_scope``, ``scope_group`` and
+      ``name``.
 
     :param crawler: the running crawler.
     :param limiter: the limiter to use; default: from ``THROTTLING_LIMITER`` or
@@ -283,6 +312,8 @@ class ThrottlingMiddleware:
                     )
         if UNTHROTTLED_SCOPE not in limiter.policies:
             limiter.set_policy(UNTHROTTLED_SCOPE, _UNTHROTTLED)
+        if settings.getbool("THROTTLING_METRICS_ENABLED"):
+            _instrument(limiter, settings)
         self.crawler = crawler
         #: The live :class:`~throttlekit.Limiter`.
         self.limiter: Limiter = limiter
