@@ -682,6 +682,16 @@ def logger_names() -> set[str]:
     return names
 
 
+def telemetry_names() -> set[str]:
+    """Metric and attribute names of throttlekit.otel and their prefixes (not Python names)."""
+    text = (ROOT / "throttlekit" / "otel.py").read_text(encoding="utf-8")
+    names = set()
+    for name in re.findall(r"\"(throttlekit(?:\.\w+)+)\"", text):
+        parts = name.split(".")
+        names |= {".".join(parts[:cut]) for cut in range(2, len(parts) + 1)}
+    return names
+
+
 def resolves(dotted: str) -> bool:
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
@@ -700,7 +710,7 @@ def resolves(dotted: str) -> bool:
 
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
 def test_throttlekit_names_mentioned_exist(page: Path) -> None:
-    loggers = logger_names()
+    loggers = logger_names() | telemetry_names()
     text = page.read_text(encoding="utf-8")
     missing = sorted(
         {name for name in _NAME.findall(text) if name not in loggers and not resolves(name)}
@@ -794,6 +804,7 @@ def test_cli_commands_in_the_docs_exist() -> None:
 def public_modules() -> list[ModuleType]:
     modules = [importlib.import_module(name) for name in ("throttlekit", "throttlekit.scopes")]
     modules.append(importlib.import_module("throttlekit.headers"))
+    modules.append(importlib.import_module("throttlekit.otel"))
     for package_name in ("throttlekit.adapters", "throttlekit.backends", "throttlekit.testing"):
         try:
             package = importlib.import_module(package_name)

@@ -65,11 +65,11 @@ _WAIT_BUCKETS: Final = (
 _SERVER_WAIT_BUCKETS: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 # Attribute names.
-GROUP: Final = "throttlekit.scope.group"
-OUTCOME: Final = "throttlekit.acquire.outcome"
-STATE: Final = "throttlekit.scope.state"
-LIMITER: Final = "throttlekit.limiter.name"
-ERROR_TYPE: Final = "error.type"
+_GROUP: Final = "throttlekit.scope.group"
+_OUTCOME: Final = "throttlekit.acquire.outcome"
+_STATE: Final = "throttlekit.scope.state"
+_LIMITER: Final = "throttlekit.limiter.name"
+_ERROR_TYPE: Final = "error.type"
 
 _DEFAULT_BACKOFF = Backoff()
 
@@ -148,7 +148,7 @@ class LimiterMetrics:
             raise RuntimeError(f"{limiter!r} is already instrumented")
         self.name = name
         self._limiter = weakref.ref(limiter)
-        self._base: dict[str, str] = {} if name is None else {LIMITER: name}
+        self._base: dict[str, str] = {} if name is None else {_LIMITER: name}
         if per_scope:
             self.group_of: Callable[[str], str] = _same
         elif scope_group is not None:
@@ -161,7 +161,9 @@ class LimiterMetrics:
         self.active: dict[str, int] = {}
         #: Requests inside ``acquire()`` now (waiting for a permit).
         self.waiting = 0
-        self._offset = 0.0  # the limiter clock minus time.monotonic(), sampled on the loop
+        # The limiter's clock minus time.monotonic(), sampled on the loop at each
+        # grant and feedback: what "now" is when a reader collects from its thread.
+        self._offset = 0.0
         self._granted_attributes: dict[str, dict[str, str]] = {}
         self.closed = False
         provider = meter_provider if meter_provider is not None else _otel.get_meter_provider()
@@ -196,7 +198,7 @@ class LimiterMetrics:
     # -- recording (on the event loop) ---------------------------------------------
 
     def _attributes(self, group: str, **extra: str) -> dict[str, str]:
-        attributes = {**self._base, GROUP: group}
+        attributes = {**self._base, _GROUP: group}
         attributes.update(extra)
         return attributes
 
@@ -205,6 +207,7 @@ class LimiterMetrics:
         return {group_of(scope) for scope in scopes}
 
     def _granted(self, permit: _MeteredPermit, waited: float) -> tuple[str, ...]:
+        self._offset = permit.granted_at - time.monotonic()
         scopes = permit._ticket.scopes
         group_of = self.group_of
         if len(scopes) == 1:
@@ -221,7 +224,7 @@ class LimiterMetrics:
             if attributes is None:
                 if len(cache) >= 4096:  # per_scope=True over many scopes: keep it bounded
                     cache.clear()
-                attributes = cache[group] = self._attributes(group, **{OUTCOME: "granted"})
+                attributes = cache[group] = self._attributes(group, **{_OUTCOME: "granted"})
             record(waited, attributes)
         return groups
 
@@ -246,13 +249,14 @@ class LimiterMetrics:
             attributes = self._attributes(group)
             if counter is not None:
                 counter.add(1, attributes)
-            attributes[OUTCOME] = outcome
+            attributes[_OUTCOME] = outcome
             histogram.record(waited, attributes)
 
     def _feedback(self, permit: _MeteredPermit, feedback: Feedback) -> None:
         limiter = self._limiter()
         if limiter is None:
             return
+        self._offset = _now() - time.monotonic()
         scopes: Iterable[str] = feedback.scopes if feedback.scopes is not None else permit.scopes
         info = feedback.rate_limit
         requested = None if info is None else info.wait()
@@ -271,7 +275,7 @@ class LimiterMetrics:
                 signalled[group] = _signal_name(backoff, feedback)
         instruments = self._instruments
         for group, signal in signalled.items():
-            instruments.signals.add(1, self._attributes(group, **{ERROR_TYPE: signal}))
+            instruments.signals.add(1, self._attributes(group, **{_ERROR_TYPE: signal}))
         for group in asked:
             assert requested is not None
             instruments.server_wait.record(requested, self._attributes(group))
@@ -321,7 +325,7 @@ class LimiterMetrics:
             if limit is not None:
                 concurrency[group] = min(concurrency.get(group, limit), limit)
         for (group, state), count in states.items():
-            yield "count", _otel.Observation(count, self._attributes(group, **{STATE: state}))
+            yield "count", _otel.Observation(count, self._attributes(group, **{_STATE: state}))
         for group, value in waiting.items():
             yield "waiting", _otel.Observation(value, self._attributes(group))
         for group, seconds in delay.items():
@@ -345,7 +349,6 @@ class _MeteredPermit(Permit):
     async def __aenter__(self) -> Permit:
         metrics = self._metrics
         start = _now()
-        metrics._offset = start - time.monotonic()
         self._started = True
         metrics.waiting += 1
         try:
