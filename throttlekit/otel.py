@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import __version__
 from ._backoff import Backoff
+from ._clock import now as _now
 from ._errors import BackendUnavailable, Overloaded, ThrottleTimeout
-from ._limiter import Limiter, Permit, _now
+from ._limiter import Limiter, Permit
 from .adapters._common import missing_extra
 
 try:
@@ -208,7 +209,7 @@ class LimiterMetrics:
 
     def _granted(self, permit: _MeteredPermit, waited: float) -> tuple[str, ...]:
         self._offset = permit.granted_at - time.monotonic()
-        scopes = permit._ticket.scopes
+        scopes = permit._lease.scopes
         group_of = self.group_of
         if len(scopes) == 1:
             groups: tuple[str, ...] = (group_of(next(iter(scopes))),)
@@ -391,7 +392,7 @@ class _MeteredPermit(Permit):
 
     def _count_nowait(self) -> None:
         """A permit of ``acquire_nowait()`` is counted when it is first used."""
-        if not self._started and self._ticket is not None:
+        if not self._started and self._lease is not None:
             self._started = True
             self._groups = self._metrics._granted(self, 0.0)
 
@@ -591,7 +592,4 @@ def _ledgers(limiter: Limiter) -> list[Any]:
     Read from another thread than the event loop's (the exporter's): the
     list is copied at once and the ledgers are only read.
     """
-    core = getattr(limiter, "_core", None)
-    if core is None:
-        return []
-    return list(core.scopes.values())
+    return list(limiter._local.core.scopes.values())
