@@ -32,6 +32,7 @@ from throttlekit import (
     Limiter,
     Overloaded,
     Permit,
+    Rampup,
     ScopePolicy,
     ThrottleTimeout,
 )
@@ -296,6 +297,16 @@ async def test_record_for_some_scopes_and_rampup_signals(metrics: Metrics) -> No
     async with limiter.acquire(scopes={"upstream": 1.0, "site.test": 1.0}) as permit:
         permit.record(status=503)  # upstream has no backoff: a signal for site.test only
     assert metrics.values("throttlekit.backoff.signals") == {attrs_(**{"error.type": "503"}): 2}
+
+    rampup = Metrics()
+    try:
+        probing = Limiter(default=policy(concurrency=1, delay=0.0, backoff=None, rampup=Rampup()))
+        rampup.instrument(probing)
+        async with probing.acquire("https://api.test/") as permit:
+            permit.record(status=429)  # rampup counts signals by the default Backoff's rule
+        assert rampup.values("throttlekit.backoff.signals") == {attrs_(**{"error.type": "429"}): 1}
+    finally:
+        rampup.shutdown()
 
 
 # -- timeouts, overloads, cancellation -------------------------------------------------

@@ -37,6 +37,7 @@ from . import __version__
 from ._backoff import Backoff
 from ._clock import now as _now
 from ._errors import BackendUnavailable, Overloaded, ThrottleTimeout
+from ._ledger import _DEFAULT_BACKOFF
 from ._limiter import Limiter, Permit
 from .adapters._common import missing_extra
 
@@ -71,8 +72,6 @@ _OUTCOME: Final = "throttlekit.acquire.outcome"
 _STATE: Final = "throttlekit.scope.state"
 _LIMITER: Final = "throttlekit.limiter.name"
 _ERROR_TYPE: Final = "error.type"
-
-_DEFAULT_BACKOFF = Backoff()
 
 
 def instrument(
@@ -118,8 +117,10 @@ def instrument(
 class LimiterMetrics:
     """The metrics of one instrumented :class:`~throttlekit.Limiter` (see :func:`instrument`).
 
-    It holds the live counts the observable instruments report: permits
-    granted and held per group, requests waiting. Usage::
+    It holds the live counts that the observable instruments report:
+    ``grants`` (permits granted) and ``active`` (permits held), both by scope
+    group, and ``waiting`` (requests in ``acquire()``); ``group_of`` maps a
+    scope to its group. Usage::
 
         metrics = instrument(limiter, name="crawler")
         ...
@@ -176,8 +177,9 @@ class LimiterMetrics:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
+        name = f" {self.name!r}" if self.name is not None else ""
         return (
-            f"<LimiterMetrics {self.name or ''} {state} grants={sum(self.grants.values())} "
+            f"<LimiterMetrics{name} {state} grants={sum(self.grants.values())} "
             f"active={sum(self.active.values())} waiting={self.waiting}>"
         )
 
