@@ -514,6 +514,7 @@ def test_scrapy_middleware_enables_metrics_from_a_setting(tmp_path: Path) -> Non
             check=False,
         )
         assert process.returncode == 0, process.stderr[-5000:]
+        assert "unknown setting" not in process.stderr  # THROTTLING_METRICS_* are known
         server.wait_idle()
     found: dict[tuple[str, frozenset[Any]], Any] = {}
     for name, attributes, value in json.loads(result.read_text())["metrics"]:
