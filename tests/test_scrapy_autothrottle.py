@@ -29,6 +29,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,6 +40,7 @@ from scrapy.core.downloader import Slot
 from scrapy.http import Response
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
+from test_adapter_scrapy import ROOT, documented_settings
 
 from throttlekit import Limiter
 from throttlekit.adapters.scrapy import ThrottlingMiddleware
@@ -412,3 +414,31 @@ async def test_debug_disabled(way: str, caplog: pytest.LogCaptureFixture) -> Non
     with caplog.at_level(logging.INFO, logger="throttlekit.autothrottle"):
         await respond(way, enabled({**MIN_ZERO, "AUTOTHROTTLE_START_DELAY": 2.0}), timed(1.0))
     assert [r for r in caplog.record_tuples if r[0] == "throttlekit.autothrottle"] == []
+
+
+# -- the migration page -----------------------------------------------------------------------
+
+
+def test_the_migration_page_lists_the_differences_asserted_here() -> None:
+    assert __doc__ is not None
+    asserted = re.findall(r"DIFFERENCE \(([^)]+)\)", __doc__)
+    page = (ROOT / "docs" / "migrating.rst").read_text()
+    listed = re.findall(r"^\* \*\*(.+?)\*\*:", page, re.MULTILINE)
+    assert asserted
+    assert sorted(listed) == sorted(asserted)
+
+
+@IN_PROCESS
+async def test_the_migration_example_keeps_scrapys_numbers() -> None:
+    settings = documented_settings("docs/migrating.rst")
+    assert settings["AUTOTHROTTLE_ENABLED"] is True
+    minimum, start = settings["DOWNLOAD_DELAY"], settings["AUTOTHROTTLE_START_DELAY"]
+    target_concurrency = settings["AUTOTHROTTLE_TARGET_CONCURRENCY"]
+    before, after = await respond("middleware", settings, timed(0.5))
+    # Scrapy's rules, stated on their own: start at max(min, start); move to
+    # the mean of the old delay and latency / target, never below that target.
+    assert before == max(minimum, start)
+    target = 0.5 / target_concurrency
+    assert after == min(
+        max(minimum, max(target, (before + target) / 2)), settings["AUTOTHROTTLE_MAX_DELAY"]
+    )

@@ -13,15 +13,19 @@ What it does, per request that reaches the downloader:
 1. ``process_request`` awaits a permit from a :class:`~throttlekit.Limiter`
    built from the crawl's settings (:func:`limiter_from_settings`). The
    Scrapy ``Request`` is the request-like: its URL gives the scopes (the host
-   by default), ``request.meta["throttling_scopes"]`` overrides them and
-   ``request.priority`` orders the waiters of a scope.
+   by default); ``request.meta["throttling_scopes"]`` overrides them, so does
+   a ``download_slot`` set by the spider or a plugin (not one Scrapy's
+   downloader gave an earlier attempt); ``dont_throttle`` exempts the request
+   from every scope (not from ``CONCURRENT_REQUESTS``); ``request.priority``
+   orders the waiters of a scope.
 2. The permit is held while the request is downloaded. ``process_response``
    records the status, headers (``Retry-After``, ``RateLimit``...), latency
    (Scrapy's ``download_latency`` meta: time to the response headers) and
    body size; ``process_exception`` records the exception (timeouts and
    dropped connections trigger backoff). Then the permit is released.
-   ``autothrottle_dont_adjust_delay`` in the meta keeps latency controllers
-   from learning from a response.
+   As in Scrapy's AutoThrottle, latency controllers learn only from a
+   response with ``download_latency`` and a download slot, whose request does
+   not set ``autothrottle_dont_adjust_delay`` to True.
 3. Scrapy's own per-slot delay and concurrency are neutralised: each
    download slot gets delay 0 and a concurrency that never binds when a
    request enters it, so ``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN``
@@ -44,7 +48,12 @@ scope would take every seat and starve the other scopes. So:
 
 **Crawl-Delay.** With ``ROBOTSTXT_OBEY`` (and ``THROTTLING_ROBOTSTXT_OBEY``,
 default True), the ``Crawl-delay`` of each parsed robots.txt is applied with
-:meth:`~throttlekit.Limiter.set_crawl_delay` to the scope of its host.
+:meth:`~throttlekit.Limiter.set_crawl_delay` to the scope of its host: on
+Scrapy's ``robots_parsed`` signal, or, on a Scrapy without it (< 2.14), by
+parsing the robots.txt response as it passes through.
+
+**Settings** are checked when the crawler starts: a bad value stops it with
+one log line naming the setting, a misspelt name warns.
 
 **AutoThrottle.** Scrapy's AutoThrottle extension adjusts the very slot delay
 this middleware neutralises, so with both enabled it has no effect; a
@@ -356,7 +365,8 @@ class ThrottlingMiddleware:
             logger.warning(
                 "DOWNLOAD_SLOTS delays and concurrency are not applied while throttlekit's "
                 "ThrottlingMiddleware is enabled: configure THROTTLING_SCOPES instead "
-                "(scope names are hosts, with the port when it is not the default)"
+                "(a slot name set as download_slot meta is a scope of that name; a host's "
+                "scope is the host, with the port when it is not the default)"
             )
 
     @classmethod
