@@ -576,3 +576,49 @@ async def test_redis_backend_permits_are_metered(metrics: Metrics) -> None:
     }
     assert metrics.values("throttlekit.permit.active", points) == {attrs_(): 0}
     assert metrics.values("throttlekit.permit.waiting", points) == {frozenset(): 0}
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("anyio_backend", ["asyncio"], indirect=True)
+async def test_redis_scope_gauges_show_the_shared_state(metrics: Metrics) -> None:
+    """One process's 429 blocks the scope for all: another process's gauges show it."""
+    pytest.importorskip("redis")
+    from test_backend_redis import RedisServer
+
+    from throttlekit.backends.redis import RedisBackend
+
+    server = RedisServer()
+    server.start()
+    url = "https://api.test/v1"
+    try:
+        first = RedisBackend.from_url(server.url, prefix="shared")
+        second = RedisBackend.from_url(server.url, prefix="shared")
+        one = Limiter(default=policy(concurrency=3, delay=0.0), backend=first)
+        other = Limiter(default=policy(concurrency=3, delay=0.0), backend=second)
+        watched = metrics.instrument(other, name="other")
+        async with other.acquire(url):
+            pass  # the other process uses the scope too
+        assert metrics.values("throttlekit.scope.count") == {}  # not read yet
+        async with one.acquire(url) as permit:
+            permit.record(status=429, headers={"Retry-After": "30"})
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watched.watch_shared_state, 0.05)
+            await anyio.sleep(0.2)
+            points = metrics.points()
+            tasks.cancel_scope.cancel()
+        with pytest.raises(RuntimeError, match="shared backend"):
+            await metrics.instrument(Limiter()).watch_shared_state()
+        with pytest.raises(ValueError, match="interval"):
+            await watched.watch_shared_state(0)
+        await first.aclose()
+        await second.aclose()
+    finally:
+        server.stop()
+    name = {"throttlekit.limiter.name": "other"}
+    assert metrics.values("throttlekit.scope.count", points) == {
+        attrs_(**name, **{"throttlekit.scope.state": "blocked"}): 1
+    }
+    assert metrics.values("throttlekit.scope.delay", points) == {
+        attrs_(**name): EXACT_BACKOFF.min_delay  # the backoff step the first process took
+    }
+    assert metrics.values("throttlekit.scope.concurrency", points) == {attrs_(**name): 3}

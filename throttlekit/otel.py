@@ -26,12 +26,17 @@ the table of every metric.
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
+
+import anyio
 
 from . import __version__
 from ._backoff import Backoff
@@ -50,8 +55,11 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
     from ._controller import Feedback
+    from ._stats import ScopeStatistics
 
 __all__ = ["LimiterMetrics", "instrument"]
+
+logger = logging.getLogger("throttlekit.otel")
 
 #: The group of scopes that have the limiter's default policy.
 _DEFAULT_GROUP: Final = "default"
@@ -65,6 +73,9 @@ _WAIT_BUCKETS: Final = (
 )  # fmt: skip
 #: Histogram buckets of ``throttlekit.server.requested_wait`` (seconds).
 _SERVER_WAIT_BUCKETS: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+#: Most scopes whose shared state LimiterMetrics.watch_shared_state() reads.
+_MAX_SHARED_SCOPES: Final = 1000
 
 # Attribute names.
 _GROUP: Final = "throttlekit.scope.group"
@@ -167,6 +178,11 @@ class LimiterMetrics:
         # grant and feedback: what "now" is when a reader collects from its thread.
         self._offset = 0.0
         self._granted_attributes: dict[str, dict[str, str]] = {}
+        # With a shared backend: the scopes this process was granted lately (most
+        # recent last), and their shared state as watch_shared_state() last read it.
+        self._shared = limiter.backend is not None
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._shared_state: dict[str, ScopeStatistics] = {}
         self.closed = False
         provider = meter_provider if meter_provider is not None else _otel.get_meter_provider()
         self._instruments = _Instruments.of(provider)
@@ -198,6 +214,43 @@ class LimiterMetrics:
         if limiter is not None and getattr(limiter._permit_type, "_metrics", None) is self:
             limiter._permit_type = Permit
 
+    async def watch_shared_state(self, interval: float = 15.0) -> None:
+        """With a shared backend, keep the ``throttlekit.scope.*`` gauges on the shared state.
+
+        A shared backend (Redis) keeps each scope's delay, concurrency and
+        blocks where every process sees them, not in this process's memory.
+        This coroutine reads them every ``interval`` seconds with the
+        backend's ``scope_statistics()`` (one round trip per scope) for the
+        scopes this process was granted lately (the 1,000 most recent), so
+        that the gauges show what all processes see. Start it in a task of
+        your own and cancel it to stop; it returns when :meth:`close` is called.
+        A scope that cannot be read (the store is away) drops out of the
+        gauges until it can.
+
+        :raises RuntimeError: the limiter has no shared backend.
+        :raises TypeError: the backend cannot report a scope's shared state.
+        """
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+            raise TypeError(f"interval must be a number of seconds, got {interval!r}")
+        if not (math.isfinite(interval) and interval > 0):
+            raise ValueError(f"interval must be a finite number of seconds > 0, got {interval!r}")
+        limiter = self._limiter()
+        backend = None if limiter is None else limiter.backend
+        if limiter is None or backend is None:
+            raise RuntimeError("watch_shared_state() needs a limiter with a shared backend")
+        read = getattr(backend, "scope_statistics", None)
+        if read is None:
+            raise TypeError(f"{backend!r} cannot report the shared state of a scope")
+        while not self.closed:
+            fresh: dict[str, ScopeStatistics] = {}
+            for scope in list(self._recent):
+                try:
+                    fresh[scope] = await read(limiter, scope)
+                except Exception as exc:
+                    logger.debug("cannot read the shared state of %s: %r", scope, exc)
+            self._shared_state = fresh
+            await anyio.sleep(interval)
+
     # -- recording (on the event loop) ---------------------------------------------
 
     def _attributes(self, group: str, **extra: str) -> dict[str, str]:
@@ -217,6 +270,13 @@ class LimiterMetrics:
             groups: tuple[str, ...] = (group_of(next(iter(scopes))),)
         else:
             groups = tuple({group_of(scope) for scope in scopes})
+        if self._shared:
+            recent = self._recent
+            for scope in scopes:
+                recent[scope] = None
+                recent.move_to_end(scope)
+            while len(recent) > _MAX_SHARED_SCOPES:
+                recent.popitem(last=False)
         grants, active = self.grants, self.active
         record = self._instruments.wait_time.record
         cache = self._granted_attributes
@@ -310,9 +370,13 @@ class LimiterMetrics:
         waiting: dict[str, int] = {}
         delay: dict[str, float] = {}
         concurrency: dict[str, int] = {}
-        for scope in _ledgers(limiter):
+        if self._shared:
+            scopes: list[Any] = list(self._shared_state.values())
+        else:
+            scopes = _ledgers(limiter)
+        for scope in scopes:
             group = group_of(scope.name)
-            policy = scope.policy
+            policy = limiter.policy(scope.name) if self._shared else scope.policy
             limit = scope.concurrency
             if scope.blocked_until > now:
                 state = "blocked"
@@ -499,6 +563,9 @@ class _Instruments:
             description="The smallest effective concurrency among the group's scopes.",
         )
 
+    def __repr__(self) -> str:
+        return f"<_Instruments limiters={len(self._members)}>"
+
     def add(self, metrics: LimiterMetrics) -> None:
         with self._lock:
             self._members.add(metrics)
@@ -589,7 +656,7 @@ def _requested_scopes(permit: Permit) -> Iterable[str]:
 
 
 def _ledgers(limiter: Limiter) -> list[Any]:
-    """The scopes the limiter keeps in memory (none when a shared backend decides).
+    """The scopes the limiter keeps in memory.
 
     Read from another thread than the event loop's (the exporter's): the
     list is copied at once and the ledgers are only read.
