@@ -1,4 +1,9 @@
-"""Developer tasks: ``nox -s tests``, ``lint``, ``typing``, ``docs``, ``benchmarks``."""
+"""Developer tasks: ``nox -s tests``, ``lint``, ``typing``, ``docs``, ``benchmarks``.
+
+Every session runs on the Python that runs nox (``python3 -m nox`` uses
+``python3``), so no session is ever skipped for want of another interpreter;
+a Python older than ``requires-python`` fails loudly when the package installs.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ import nox
 
 nox.options.sessions = ["tests", "lint", "typing", "docs"]
 nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
 
-PYTHON = ["3.11"]
+#: ``None``: the interpreter that runs nox.
+PYTHON = None
 
 
 @nox.session(python=PYTHON)

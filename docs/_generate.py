@@ -9,7 +9,7 @@ Every chart comes from a real :class:`throttlekit.Limiter` run by
 :func:`throttlekit.testing.simulate` against a simulated server in virtual
 time (seconds of wall time for minutes of traffic). The runs are seeded and
 the PNGs carry no timestamp, so rerunning without a code change rewrites the
-same files. Needs matplotlib (``pip install "throttlekit[plot]"``).
+same files. Needs matplotlib (``pip install "throttlekit-http[plot]"``).
 """
 
 from __future__ import annotations

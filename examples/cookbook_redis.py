@@ -3,7 +3,7 @@
 Start this script in as many processes (or machines) as you like, all with
 the same Redis URL and prefix: together they send at most 2 requests at a
 time to each host, 0.25 s apart, and a 429 that one of them gets slows all
-of them down. Needs ``pip install "throttlekit[redis]"`` and a Redis server.
+of them down. Needs ``pip install "throttlekit-http[redis]"`` and a Redis server.
 
     python examples/cookbook_redis.py redis://127.0.0.1:6379/0 0 2   # worker 0 of 2
     python examples/cookbook_redis.py redis://127.0.0.1:6379/0 1 2   # worker 1 of 2

@@ -523,7 +523,7 @@ def test_import_without_aiohttp_names_the_extra() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert 'pip install "throttlekit[aiohttp]"' in result.stdout
+    assert 'pip install "throttlekit-http[aiohttp]"' in result.stdout
 
 
 def readme_example(marker: str) -> str:
@@ -549,5 +549,8 @@ def test_readme_shows_the_tested_example() -> None:
     shown = readme_example("throttlekit.adapters.aiohttp")
     source = (ROOT / "examples" / "aiohttp_example.py").read_text()
     imports, function = shown.split("\n\n", 1)
+    function, call = function.rsplit("\n\n", 1)  # the README also calls it
     assert imported_names(imports) <= imported_names(source)
     assert function in source
+    assert "crawl" in call
+    assert "print(" in call

@@ -439,7 +439,7 @@ async def test_import_without_httpx_names_the_extra() -> None:
         )
     )
     assert result.returncode == 0, result.stderr
-    assert 'pip install "throttlekit[httpx]"' in result.stdout
+    assert 'pip install "throttlekit-http[httpx]"' in result.stdout
 
 
 def readme_example(marker: str) -> str:
@@ -465,5 +465,8 @@ def test_readme_shows_the_tested_example() -> None:
     shown = readme_example("throttlekit.adapters.httpx")
     source = (ROOT / "examples" / "httpx_example.py").read_text()
     imports, function = shown.split("\n\n", 1)
+    function, call = function.rsplit("\n\n", 1)  # the README also calls it
     assert imported_names(imports) <= imported_names(source)
     assert function in source
+    assert "crawl" in call
+    assert "print(" in call

@@ -747,7 +747,7 @@ def test_import_without_scrapy_names_the_extra() -> None:
         [sys.executable, "-c", BLOCK_SCRAPY], capture_output=True, text=True, cwd=ROOT, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert 'pip install "throttlekit[scrapy]"' in result.stdout
+    assert 'pip install "throttlekit-http[scrapy]"' in result.stdout
 
 
 def test_closing_the_spider_drops_requests_still_waiting(

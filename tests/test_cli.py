@@ -234,11 +234,12 @@ def test_missing_extras_are_reported_with_the_install_hint(tmp_path: Path) -> No
         code=block.format(name="matplotlib") + "sys.exit(main(sys.argv[1:]))",
     )  # fmt: skip
     assert no_plot.returncode == 2
-    assert 'pip install "throttlekit[plot]"' in no_plot.stderr
+    assert 'pip install "throttlekit-http[plot]"' in no_plot.stderr
     assert not (tmp_path / "x.png").exists()
     no_typer = run_cli("simulate", code=block.format(name="typer") + "sys.exit(main(['--help']))")
     assert no_typer.returncode == 2
-    assert 'needs typer, which is not installed: pip install "throttlekit[cli]"' in no_typer.stderr
+    hint = 'needs typer, which is not installed: pip install "throttlekit-http[cli]"'
+    assert hint in no_typer.stderr
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:

@@ -151,7 +151,7 @@ _WITHOUT_EXTRAS = textwrap.dedent(
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            hint = f'pip install "throttlekit[{{extra}}]"'
+            hint = f'pip install "throttlekit-http[{{extra}}]"'
             assert hint in str(exc), (module, str(exc))
         else:
             raise AssertionError(f"{{module}} imported without its extra")

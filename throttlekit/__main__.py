@@ -1,4 +1,4 @@
-"""``python -m throttlekit`` and the ``throttlekit`` command (needs ``throttlekit[cli]``)."""
+"""``python -m throttlekit`` and the ``throttlekit`` command (needs ``throttlekit-http[cli]``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = exc.name
         print(
             f"throttlekit: the command line needs {missing}, which is not installed: "
-            'pip install "throttlekit[cli]"',
+            'pip install "throttlekit-http[cli]"',
             file=sys.stderr,
         )
         return 2

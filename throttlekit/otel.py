@@ -1,6 +1,6 @@
 """OpenTelemetry metrics of what a limiter does: waits, grants, backoff signals, limits in force.
 
-Install the extra (``pip install "throttlekit[otel]"``, which brings the
+Install the extra (``pip install "throttlekit-http[otel]"``, which brings the
 OpenTelemetry *API* only), set up the OpenTelemetry SDK and an exporter in
 the application as usual, then instrument each limiter once::
 

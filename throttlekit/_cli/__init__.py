@@ -50,7 +50,7 @@ def _reporting(command: F) -> F:
                 raise
             stderr.print(
                 f"[bold red]error:[/] this command needs {exc.name}, which is not installed: "
-                'pip install "throttlekit[cli]"'
+                'pip install "throttlekit-http[cli]"'
             )
             raise typer.Exit(EXIT_USAGE) from None
         except KeyboardInterrupt:

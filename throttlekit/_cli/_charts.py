@@ -93,7 +93,7 @@ def check_plotting() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise CLIError(
-            '--plot needs matplotlib, which is not installed: pip install "throttlekit[plot]"'
+            '--plot needs matplotlib, which is not installed: pip install "throttlekit-http[plot]"'
         ) from None
 
 

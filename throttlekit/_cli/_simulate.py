@@ -332,7 +332,7 @@ def simulate_command(
     plot: Annotated[
         Path | None,
         typer.Option(
-            help="Also write the charts as a PNG (needs throttlekit[plot]).", dir_okay=False
+            help="Also write the charts as a PNG (needs throttlekit-http[plot]).", dir_okay=False
         ),
     ] = None,
     trace: Annotated[

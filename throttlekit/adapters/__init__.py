@@ -4,11 +4,11 @@ Each adapter lives in its own module and imports its framework only when
 that module is imported, so ``import throttlekit`` never needs them:
 
 * :mod:`throttlekit.adapters.httpx` -- ``ThrottledTransport`` for
-  ``httpx.AsyncClient`` (``pip install "throttlekit[httpx]"``);
+  ``httpx.AsyncClient`` (``pip install "throttlekit-http[httpx]"``);
 * :mod:`throttlekit.adapters.aiohttp` -- a client middleware for
-  ``aiohttp.ClientSession`` (``pip install "throttlekit[aiohttp]"``);
+  ``aiohttp.ClientSession`` (``pip install "throttlekit-http[aiohttp]"``);
 * :mod:`throttlekit.adapters.scrapy` -- a Scrapy downloader middleware
-  (``pip install "throttlekit[scrapy]"``).
+  (``pip install "throttlekit-http[scrapy]"``).
 
 Adapters use only the public API: they turn a framework's request into a
 request-like, hold a :class:`~throttlekit.Permit` while it is in flight and

@@ -17,7 +17,7 @@ __all__ = ["HeldPermit", "content_length", "missing_extra"]
 def missing_extra(module: str, package: str, extra: str) -> ImportError:
     """The :class:`ImportError` an adapter raises when its framework is not installed."""
     return ImportError(
-        f'{module} needs {package}, which is not installed: pip install "throttlekit[{extra}]"'
+        f'{module} needs {package}, which is not installed: pip install "throttlekit-http[{extra}]"'
     )
 
 

@@ -12,7 +12,7 @@ Decisions are made atomically inside Redis by Lua scripts that read Redis's
 own clock (``TIME``), so the workers' clocks never matter. Each acquire
 attempt is one round trip (``EVALSHA``), each release one more. The backend
 runs on asyncio (it is built on ``redis.asyncio``); install it with
-``pip install "throttlekit[redis]"``.
+``pip install "throttlekit-http[redis]"``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ try:
     from redis.backoff import ExponentialBackoff
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        'throttlekit.backends.redis needs redis-py: pip install "throttlekit[redis]"'
+        'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
     ) from exc
 
 from .._backoff import low_remaining_pace

@@ -335,7 +335,7 @@ def simulate(
             from trio.testing import MockClock
         except ImportError:
             raise ImportError(
-                'simulate(backend="trio") needs trio: pip install "throttlekit[testing]"'
+                'simulate(backend="trio") needs trio: pip install "throttlekit-http[testing]"'
             ) from None
         options = {"clock": MockClock(autojump_threshold=0)}
     else:

@@ -13,7 +13,7 @@ custom controller or a resolver::
 
 Numbers are drawn from small grids (delays in steps of 0.05 s, costs 0.5, 1
 or 2) so that failing examples shrink to readable values. Every strategy
-needs the ``hypothesis`` package (``pip install "throttlekit[testing]"``).
+needs the ``hypothesis`` package (``pip install "throttlekit-http[testing]"``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ try:
     from hypothesis import strategies as st
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        'throttlekit.testing.strategies needs hypothesis: pip install "throttlekit[testing]"'
+        'throttlekit.testing.strategies needs hypothesis: pip install "throttlekit-http[testing]"'
     ) from exc
 
 from .._backoff import Backoff
