@@ -3,24 +3,50 @@
 from __future__ import annotations
 
 import time
-from asyncio import _get_running_loop
+from asyncio import BaseEventLoop, _get_running_loop
+from collections.abc import Callable
+from threading import get_ident
+from typing import Any
 
 import anyio
 
 __all__ = ["now", "now_or_monotonic"]
 
+_STOCK_TIME = BaseEventLoop.time
+
+# The asyncio loop last found running, and its clock. A loop runs in one
+# thread at a time and a thread runs one loop at a time, so while that loop's
+# ``_thread_id`` is the current thread, it is the running loop: checking that
+# avoids ``_get_running_loop()``, which makes a getpid() system call per call
+# on Python 3.11.
+_loop: Any = None  # an AbstractEventLoop with a _thread_id
+_loop_time: Callable[[], float] = time.monotonic
+
 
 def now() -> float:
     """The running backend's clock, as ``anyio.current_time()`` reads it, but cheaper.
 
-    On asyncio that is the running loop's ``time()``; anyio's own lookup goes
+    On asyncio that is the running loop's ``time()``: ``time.monotonic()``
+    itself when the loop keeps asyncio's own clock, so virtual-time loops
+    (which override ``time()``) still drive it. anyio's own lookup goes
     through sniffio on every call, which is most of the cost of an
     uncontended acquire, so the asyncio case is taken directly.
     """
+    loop = _loop
+    if loop is not None and loop._thread_id == get_ident():
+        return _loop_time()
+    return _find_clock()
+
+
+def _find_clock() -> float:
+    global _loop, _loop_time
     loop = _get_running_loop()
-    if loop is not None:
-        return loop.time()
-    return anyio.current_time()
+    if loop is None:
+        return anyio.current_time()
+    clock = time.monotonic if type(loop).time is _STOCK_TIME else loop.time
+    if getattr(loop, "_thread_id", None) == get_ident():  # uvloop has none: not cached
+        _loop, _loop_time = loop, clock
+    return clock()
 
 
 def now_or_monotonic() -> float:

@@ -31,6 +31,7 @@ __all__ = [
 
 INF = math.inf
 _EPSILON = 1e-9
+_NO_JITTER = (0.0, 0.0)
 
 
 def build_controllers(policy: ScopePolicy) -> tuple[Controller, ...]:
@@ -146,13 +147,12 @@ class ScopeLedger:
         "delay",
         "dirty",
         "factor",
-        "idle",
-        "idle_since",
         "in_flight",
         "jitter",
         "listed_at",
         "name",
         "next_send_at",
+        "plain",
         "policy",
         "queue",
         "quota_log",
@@ -178,19 +178,17 @@ class ScopeLedger:
         self.queue: list[tuple[int, int, Any]] | None = None  # (-priority, seq, Ticket)
         self.timer_at = INF
         self.dirty = False
-        self.idle = False
-        self.idle_since = -INF
-        # idle_since when the scheduler last (re)placed it in its idle order; None if
-        # not listed there. A listed ledger that became busy, or idle again later,
-        # is re-examined lazily by the eviction sweep.
-        self.listed_at: float | None = None
+        # Its key in the scheduler's heap of idle scopes (see evictable_at), or
+        # inf when it is not listed there. A listed ledger that became busy, or
+        # was used again, is re-examined lazily when it reaches the heap's top.
+        self.listed_at = INF
         self.controllers = build_controllers(policy)
         self.delay = policy.delay
         self.jitter = policy.jitter
         self.concurrency = policy.concurrency
         self.blocked_until = -INF
-        if self.controllers:
-            self.refresh()
+        self.plain = False
+        self.refresh()
 
     def __repr__(self) -> str:
         return (
@@ -198,6 +196,42 @@ class ScopeLedger:
             f"waiting={self.waiting} delay={self.delay:g} next_send_at={self.next_send_at:g} "
             f"quota_used={self.quota_used:g}/{self.policy.quota}>"
         )
+
+    def __lt__(self, other: ScopeLedger) -> bool:
+        """Order in the scheduler's heap of idle scopes: by ``listed_at``."""
+        return self.listed_at < other.listed_at
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing waiting."""
+        return not (self.in_flight or self.waiting)
+
+    def evictable_at(self) -> float:
+        """When forgetting this scope stops mattering: its last send, delay, quota window,
+        slot delays and server block have all run out (``-inf`` if it never sent).
+
+        An idle scope evicted before then would come back as a fresh ledger and
+        could send early.
+        """
+        at = self.next_send_at
+        if self.blocked_until > at:
+            at = self.blocked_until
+        log = self.quota_log
+        if log:
+            end = log[-1].sent_at + self.policy.window
+            if end > at:
+                at = end
+        slots = self.slot_times
+        if slots:
+            end = max(slots) + self.policy.slot_delay
+            if end > at:
+                at = end
+        return at
+
+    @property
+    def last_send(self) -> float:
+        """When the scope last sent (``-inf`` if never): its next send time less the delay."""
+        return self.next_send_at - self.delay * self.factor
 
     def refresh(self) -> None:
         """Recompute the effective limits from the policy and controllers (:func:`combine`)."""
@@ -208,6 +242,14 @@ class ScopeLedger:
             # A new delay applies from the last send, with the jitter drawn then.
             self.next_send_at += (delay - self.delay) * self.factor
         self.delay = delay
+        policy = self.policy
+        # Only concurrency, delay and a server block bind it: the fast path applies.
+        self.plain = (
+            not self.controllers
+            and policy.quota is None
+            and not policy.slot_delay
+            and self.jitter == _NO_JITTER
+        )
 
     def on_feedback(self, feedback: Feedback, now: float) -> None:
         """Pass a response's feedback to the controllers (creating backoff on its first use)."""
@@ -298,8 +340,10 @@ class ScopeLedger:
         low, high = self.jitter
         if low != high:
             self.factor = 1.0 + rng.uniform(low, high)
-        else:
+        elif low:
             self.factor = 1.0 + low
+        else:
+            self.factor = 1.0  # the shared constant: no new float per send
         self.next_send_at = now + self.delay * self.factor
         slots = self.slot_times
         if (

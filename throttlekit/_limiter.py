@@ -7,7 +7,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,10 @@ __all__ = ["Limiter", "Permit"]
 logger = logging.getLogger("throttlekit")
 
 INF = math.inf
+_by_host = _scopes.by_host
+#: Most URL strings whose scope (host) a limiter remembers: more than the
+#: default ``max_scopes``, so a round-robin over that many hosts stays cached.
+_HOSTS_MAX = 131_072
 
 #: The longest wait read from rate-limit headers here (about 30 years): no cap
 #: in practice, so that each scope's ``Backoff.max_delay`` is the cap that applies.
@@ -134,10 +138,19 @@ class Permit:
         if self._lease is not None:
             raise RuntimeError("a permit can be entered only once")
         limiter = self._limiter
-        # Fast path, no await: a URL string, the default resolver, one scope with room.
         request = self._request
-        if self._scopes is None and type(request) is str and limiter.resolver is _scopes.by_host:
-            lease = limiter._backend.try_acquire({_scopes.by_host(request): 1.0}, self._priority)
+        # Fast path, no await: one scope of cost 1 that has room now
+        # (limiter._one_scope, inline: a URL with the default resolver, or scopes="name").
+        scopes = self._scopes
+        if scopes is None:
+            if type(request) is str and limiter.resolver is _by_host:
+                scope = limiter._hosts.get(request) or limiter._host_of(request)
+            else:
+                scope = None
+        else:
+            scope = scopes if type(scopes) is str else None
+        if scope is not None:
+            lease = limiter._try_one(scope, self._priority)
             if lease is not None:
                 self._lease = lease
                 return self
@@ -157,7 +170,9 @@ class Permit:
     ) -> None:
         lease = self._lease
         if lease is not None:
-            await self._limiter._backend.release(lease)
+            backend = self._limiter._backend
+            if not backend.release_nowait(lease):
+                await backend.release(lease)
 
     def __enter__(self) -> Permit:
         if self._lease is None:
@@ -372,6 +387,12 @@ class Limiter:
         # (throttlekit.otel) swaps in a subclass that records metrics, so a
         # limiter without it pays nothing for them.
         self._permit_type: type[Permit] = Permit
+        # The scope of each URL string seen lately, with the default resolver.
+        self._hosts: dict[str, str] = {}
+        # The backend's fast path of one scope, if it has one (chosen once).
+        self._try_one: Callable[[str, int], Any] = getattr(
+            self._backend, "try_acquire_one", _no_fast_path
+        )
 
     def __repr__(self) -> str:
         return f"<Limiter {self._backend!r}>"
@@ -456,7 +477,9 @@ class Limiter:
             name, a set of names, or ``{scope: cost}``.
         :raises Overloaded: when ``max_waiters`` requests are already waiting.
         """
-        if isinstance(priority, bool) or not isinstance(priority, int):
+        if type(priority) is not int and (
+            isinstance(priority, bool) or not isinstance(priority, int)
+        ):
             raise TypeError(f"priority must be an int, got {priority!r}")
         if timeout is not None and not (timeout >= 0):
             raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
@@ -481,14 +504,17 @@ class Limiter:
         """
         if request is None and scopes is None:
             raise TypeError("acquire_nowait() needs a request or scopes=")
-        costs = self._resolve(request, scopes)
-        if type(costs) is not dict:
-            if inspect.iscoroutine(costs):
-                costs.close()
-            raise RuntimeError("acquire_nowait() cannot use an async resolver; use acquire()")
-        lease = self._backend.try_acquire(costs, priority)
+        scope = self._one_scope(request, scopes)
+        lease = None if scope is None else self._try_one(scope, priority)
         if lease is None:
-            raise WouldBlock(f"no room now for {costs}")
+            costs = self._resolve(request, scopes)
+            if type(costs) is not dict:
+                if inspect.iscoroutine(costs):
+                    costs.close()
+                raise RuntimeError("acquire_nowait() cannot use an async resolver; use acquire()")
+            lease = self._backend.try_acquire(costs, priority)
+            if lease is None:
+                raise WouldBlock(f"no room now for {costs}")
         permit = self._permit_type(self, request, priority, None, scopes)
         permit._lease = lease
         return permit
@@ -549,6 +575,24 @@ class Limiter:
 
     # -- internals -----------------------------------------------------------------
 
+    def _one_scope(self, request: Any, scopes: _scopes.ScopesLike | None) -> str | None:
+        """The scope of a request of one scope of cost 1 whose name is cheap to know,
+        else ``None``: a URL string with the default resolver, or ``scopes="name"``."""
+        if scopes is None:
+            if type(request) is str and self.resolver is _by_host:
+                return self._hosts.get(request) or self._host_of(request)
+            return None
+        return scopes if type(scopes) is str else None
+
+    def _host_of(self, url: str) -> str:
+        """``by_host(url)``, remembered for the fast path (bounded: cleared when full)."""
+        host = _by_host(url)
+        hosts = self._hosts
+        if len(hosts) >= _HOSTS_MAX:
+            hosts.clear()
+        hosts[url] = host
+        return host
+
     def _resolve(self, request: Any, scopes: _scopes.ScopesLike | None) -> Any:
         """The request's ``{scope: cost}``, or an awaitable of the resolver's result."""
         if scopes is not None:
@@ -574,6 +618,11 @@ class Limiter:
                 fields["headers"], now=time.time(), max_delay=_HEADER_MAX_DELAY
             )
         return Feedback(**fields)
+
+
+def _no_fast_path(scope: str, priority: int) -> None:
+    """The fast path of a backend that has none: always take the general path."""
+    return None
 
 
 def _check_limit(name: str, value: object, *, optional: bool = True) -> None:

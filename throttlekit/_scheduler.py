@@ -18,7 +18,7 @@ import heapq
 import itertools
 import math
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
@@ -38,6 +38,10 @@ _STATE_NAMES: Final = ("waiting", "granted", "released", "cancelled")
 
 _QueueEntry = tuple[int, int, "Ticket"]
 _NO_ENTRY: tuple[None] = (None,)
+_COST_ONE: tuple[float] = (1.0,)
+#: Most ledgers one eviction sweep looks at (each is O(log n) in the idle heap).
+_EVICT_LOOKS: Final = 8
+_new_ticket = object.__new__
 
 
 class GlobalGate:
@@ -144,7 +148,9 @@ class Scheduler:
         self.rng = rng if rng is not None else random.Random()
         self.scopes: dict[str, ScopeLedger] = {}
         self.waiting = 0
-        self._idle: OrderedDict[str, ScopeLedger] = OrderedDict()
+        self._idle: list[ScopeLedger] = []  # a heap of idle scopes (see _evict)
+        #: Ledgers the eviction has looked at so far (an operation count, for tests).
+        self.looked = 0
         self._timers: list[tuple[float, int, ScopeLedger]] = []
         self._dirty: deque[ScopeLedger | GlobalGate] = deque()
         self._seq = itertools.count()
@@ -161,11 +167,13 @@ class Scheduler:
         return self.policies.get(name, self.default)
 
     def ledger(self, name: str, now: float) -> ScopeLedger:
-        """The ledger of scope ``name``, created on demand (it starts idle)."""
+        """The ledger of scope ``name``, created on demand (idle, so it may be evicted)."""
         ledger = self.scopes.get(name)
         if ledger is None:
+            if len(self.scopes) >= self.max_scopes:
+                self._evict(now, 1)
             ledger = self.scopes[name] = ScopeLedger(name, self.policy_for(name))
-            self._update_idle(ledger, now)
+            self._list(ledger, now)
         return ledger
 
     def set_policy(self, name: str, policy: ScopePolicy) -> None:
@@ -176,55 +184,52 @@ class Scheduler:
             ledger.set_policy(policy)
             self._mark(ledger)
 
-    def _evict(self, now: float, keep: tuple[ScopeLedger, ...]) -> None:
-        """Drop idle scopes past ``max_idle``, and the longest idle above ``max_scopes``.
+    def _list(self, ledger: ScopeLedger, key: float) -> None:
+        ledger.listed_at = key
+        heapq.heappush(self._idle, ledger)
 
-        ``keep`` (just created for the request at hand) are the newest idle
-        scopes, so reaching one of them ends the sweep. A scope whose quota
-        window still holds sends, or whose delay or server block has not run
-        out, is kept (moved to the back), since dropping it would let the
-        next request through early.
+    def _settle(self, ledger: ScopeLedger) -> None:
+        """List ``ledger`` among the idle scopes if it just became idle and is not listed."""
+        if ledger.listed_at == INF and not (ledger.in_flight or ledger.waiting):
+            self._list(ledger, ledger.evictable_at())
+
+    def _evict(self, now: float, room: int) -> None:
+        """Drop idle scopes unused for ``max_idle``, and make ``room`` for new scopes
+        below ``max_scopes``, taking the scopes that could be forgotten earliest first.
+
+        The idle scopes are a heap keyed by :meth:`ScopeLedger.evictable_at`
+        when they were listed: a scope whose delay, quota window or server
+        block still binds comes up only once that has run out (dropping it
+        earlier would let its next request out early). A key that went stale
+        (the scope was used or became busy since) is fixed when it reaches the
+        top; at most ``_EVICT_LOOKS`` ledgers are looked at per call, so one new
+        scope costs O(log n) even then (the cap catches up over the next calls).
         """
-        idle = self._idle
+        heap = self._idle
+        scopes = self.scopes
+        limit = self.max_scopes - room
         horizon = now - self.max_idle
-        spared = 0
-        while idle and spared < len(idle):
-            name, ledger = next(iter(idle.items()))
-            if not ledger.idle:  # busy since it was listed: unlist it (it is relisted when idle)
-                del idle[name]
-                ledger.listed_at = None
+        for _ in range(_EVICT_LOOKS):
+            if not heap:
+                return
+            ledger = heap[0]
+            if ledger.listed_at > now:
+                return  # every listed scope still binds (or was used since it was listed)
+            self.looked += 1
+            if ledger.in_flight or ledger.waiting:  # busy: relisted when idle again
+                heapq.heappop(heap)
+                ledger.listed_at = INF
                 continue
-            if ledger.idle_since != ledger.listed_at:  # idle again since: move to its place
-                idle.move_to_end(name)
-                ledger.listed_at = ledger.idle_since
+            key = ledger.evictable_at()
+            if key > ledger.listed_at:  # used since, or still bound: move it to its place
+                ledger.listed_at = key
+                heapq.heapreplace(heap, ledger)
                 continue
-            if ledger in keep or (
-                len(self.scopes) <= self.max_scopes and ledger.idle_since > horizon
-            ):
-                break
-            if ledger.quota_log:
-                ledger.expire(now)
-            if ledger.quota_log or ledger.next_send_at > now or ledger.blocked_until > now:
-                # Its quota window, delay or server block still binds: a fresh
-                # ledger would forget it and send early.
-                idle.move_to_end(name)
-                spared += 1
-                continue
-            del idle[name]
-            del self.scopes[name]
-            ledger.idle = False
-            ledger.listed_at = None
-
-    def _update_idle(self, ledger: ScopeLedger, now: float) -> None:
-        """Keep ``ledger.idle`` exact; the idle order is brought up to date lazily by _evict."""
-        if ledger.in_flight or ledger.waiting:
-            ledger.idle = False
-        elif not ledger.idle:
-            ledger.idle = True
-            ledger.idle_since = now
-            if ledger.listed_at is None:
-                ledger.listed_at = now
-                self._idle[ledger.name] = ledger
+            if len(scopes) <= limit and ledger.last_send > horizon:
+                return  # under the cap, and the least recently used was used recently
+            heapq.heappop(heap)
+            ledger.listed_at = INF
+            del scopes[ledger.name]
 
     def iter_scopes(self) -> Iterator[ScopeLedger]:
         return iter(self.scopes.values())
@@ -232,32 +237,46 @@ class Scheduler:
     # -- requests ------------------------------------------------------------------
 
     def make_ticket(self, costs: Mapping[str, float], priority: int, now: float) -> Ticket:
-        """Validate ``costs`` and build a ticket for them (not queued yet)."""
-        ledgers = []
-        values = []
-        created = False
+        """Validate ``costs`` and build a ticket for them (not queued yet).
+
+        New scopes get their ledgers here; they are listed among the idle
+        scopes (eligible for eviction) when their first request is done.
+        """
+        scopes = self.scopes
+        missing = 0
         for name, cost in costs.items():
-            ledger = self.scopes.get(name)
-            if ledger is None:
-                ledger = self.ledger(name, now)
-                created = True
-            quota = ledger.policy.quota
+            ledger = scopes.get(name)
+            quota = (self.policy_for(name) if ledger is None else ledger.policy).quota
             if quota is not None and cost > quota:
                 raise ValueError(
                     f"cost {cost!r} for scope {name!r} exceeds its quota {quota!r}; "
                     "it could never be sent"
                 )
+            if ledger is None:
+                missing += 1
+        if missing:
+            # Before any ledger of this ticket is looked up, so none of them is evicted.
+            self._evict(now, missing)
+        ledgers = []
+        for name in costs:
+            ledger = scopes.get(name)
+            if ledger is None:
+                ledger = scopes[name] = ScopeLedger(name, self.policy_for(name))
             ledgers.append(ledger)
-            values.append(cost)
-        if created:
-            self._evict(now, tuple(ledgers))
-        return Ticket(tuple(ledgers), tuple(values), priority, next(self._seq))
+        return Ticket(tuple(ledgers), tuple(costs.values()), priority, next(self._seq))
 
-    def grant_one(self, name: str, cost: float, priority: int, now: float) -> Ticket | None:
-        """Grant a one-scope request at once if nothing stands in its way, else ``None``.
+    def discard(self, ticket: Ticket) -> None:
+        """Forget a ticket that was neither granted nor queued (its new scopes become idle)."""
+        if ticket.state == WAITING and ticket.queue is None:
+            ticket.state = CANCELLED
+            for ledger in ticket.ledgers:
+                self._settle(ledger)
+
+    def grant_one(self, name: str, priority: int, now: float) -> Ticket | None:
+        """Grant a request of cost 1 on one scope at once if nothing stands in its way.
 
         The uncontended fast path: it equals ``make_ticket`` + ``try_grant`` for a
-        scope that already exists, has no queue, and admits ``cost`` now (and a
+        scope that already exists, has no queue, and admits the request now (and a
         global cap with room and no queue). Anything else returns ``None`` without
         side effects, and the caller takes the general path.
         """
@@ -265,21 +284,37 @@ class Scheduler:
         if ledger is None or ledger.queue:
             return None
         gate = self.gate
-        if gate.limit is not None and (gate.in_flight >= gate.limit or gate.queue):
+        limit = gate.limit
+        if limit is not None and (gate.in_flight >= limit or gate.queue):
             return None
-        quota = ledger.policy.quota
-        if quota is not None and cost > quota:
-            return None  # the general path raises the ValueError
-        if ledger.ready_at(cost, now) > now:
+        if ledger.plain:
+            # Only concurrency, delay and a server block bind: ready_at and grant, inline.
+            concurrency = ledger.concurrency
+            if (
+                (concurrency is not None and ledger.in_flight >= concurrency)
+                or ledger.next_send_at > now
+                or ledger.blocked_until > now
+            ):
+                return None
+            ledger.in_flight += 1
+            ledger.factor = 1.0
+            ledger.next_send_at = now + ledger.delay
+            entry = None
+        elif ledger.ready_at(1.0, now) > now:
             return None
-        ticket = Ticket((ledger,), (cost,), priority, next(self._seq))
-        entry = ledger.grant(cost, now, self.rng)
-        ledger.idle = False
-        ticket.quota_entries = _NO_ENTRY if entry is None else (entry,)
+        else:
+            entry = ledger.grant(1.0, now, self.rng)
+        gate.in_flight += 1
+        # A ticket that never waits: built without __init__ (this is most of the saving).
+        ticket = _new_ticket(Ticket)
+        ticket.ledgers = (ledger,)
+        ticket.costs = _COST_ONE
+        ticket.priority = priority
+        ticket.seq = -1  # never queued
         ticket.state = GRANTED
         ticket.granted_at = now
-        self.gate.in_flight += 1
-        return ticket
+        ticket.quota_entries = _NO_ENTRY if entry is None else (entry,)
+        return ticket  # (queue and waker stay unset: only a waiting ticket has them)
 
     def try_grant(self, ticket: Ticket, now: float) -> bool:
         """Grant ``ticket`` now if every scope and the global cap admit it."""
@@ -297,8 +332,6 @@ class Scheduler:
         self.waiting += 1
         for ledger in ticket.ledgers:
             ledger.waiting += 1
-            if ledger.idle:
-                self._update_idle(ledger, now)
         self._park(ticket, blocker)
         return False
 
@@ -309,21 +342,39 @@ class Scheduler:
             self.waiting -= 1
             for ledger in ticket.ledgers:
                 ledger.waiting -= 1
-                self._update_idle(ledger, now)
+                self._settle(ledger)
             if ticket.queue is not None:
                 self._mark(ticket.queue)
         elif ticket.state == GRANTED:
             for ledger, entry in zip(ticket.ledgers, ticket.quota_entries, strict=False):
                 if entry is not None:
                     ledger.reconcile(entry, 0.0)
-            self._release(ticket, now)
+            self._release(ticket)
             ticket.state = CANCELLED
 
-    def release(self, ticket: Ticket, now: float) -> None:
-        """The request of ``ticket`` is done: give back its concurrency."""
+    def release(self, ticket: Ticket, now: float | None = None) -> None:
+        """The request of ``ticket`` is done: give back its concurrency.
+
+        Needs no clock (``now`` is accepted for symmetry with the other calls):
+        whatever this frees is granted by the next :meth:`dispatch`.
+        """
         if ticket.state == GRANTED:
-            self._release(ticket, now)
             ticket.state = RELEASED
+            ledgers = ticket.ledgers
+            if len(ledgers) == 1 and ledgers[0].plain:
+                # One scope without slot delays: ledger.release and _release, inline.
+                ledger = ledgers[0]
+                ledger.in_flight -= 1
+                if ledger.waiting:
+                    self._mark(ledger)
+                elif not ledger.in_flight and ledger.listed_at == INF:
+                    self._list(ledger, ledger.evictable_at())
+                gate = self.gate
+                gate.in_flight -= 1
+                if gate.queue:
+                    self._mark(gate)
+            else:
+                self._release(ticket)
 
     def feedback(
         self,
@@ -427,7 +478,6 @@ class Scheduler:
         entries = []
         for ledger, cost in zip(ticket.ledgers, ticket.costs, strict=False):
             entries.append(ledger.grant(cost, now, rng))
-            ledger.idle = False  # it holds a grant now (its idle order is fixed lazily)
             if waiting:
                 ledger.waiting -= 1
         if waiting:
@@ -438,13 +488,13 @@ class Scheduler:
         ticket.granted_at = now
         self.gate.in_flight += 1
 
-    def _release(self, ticket: Ticket, now: float) -> None:
+    def _release(self, ticket: Ticket) -> None:
         for ledger in ticket.ledgers:
             ledger.release(ticket.granted_at)
             if ledger.waiting:
                 self._mark(ledger)
             elif not ledger.in_flight:
-                self._update_idle(ledger, now)
+                self._settle(ledger)
         gate = self.gate
         gate.in_flight -= 1
         if gate.queue:

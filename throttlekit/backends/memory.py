@@ -12,15 +12,17 @@ import math
 import random
 from collections import deque
 from collections.abc import Mapping
+from threading import get_ident as _get_ident
 
 import anyio
 
+from .. import _clock
 from .._clock import now as _now
 from .._clock import now_or_monotonic
 from .._controller import Feedback
 from .._errors import Overloaded, ThrottleTimeout
 from .._policy import ScopePolicy
-from .._scheduler import CANCELLED, GRANTED, WAITING, Scheduler, Ticket
+from .._scheduler import CANCELLED, WAITING, Scheduler, Ticket
 from .._stats import LimiterStatistics, ScopeStatistics
 
 __all__ = ["MemoryBackend"]
@@ -99,17 +101,30 @@ class MemoryBackend:
     def bind(self, local: MemoryBackend) -> None:
         """The in-memory backend is its own local part."""
 
+    def try_acquire_one(self, scope: str, priority: int) -> Ticket | None:
+        """Grant one request of cost 1 on ``scope`` now, on the fast path, or ``None``.
+
+        ``None`` says only that the fast path does not apply (a new scope, a
+        queue, a quota, a slot delay that binds, no room): the caller goes on
+        with :meth:`try_acquire` or :meth:`acquire`.
+        """
+        # _now(), inline: the clock of the asyncio loop found running last, if it still is.
+        loop = _clock._loop
+        if loop is not None and loop._thread_id == _get_ident():
+            now = _clock._loop_time()
+        else:
+            now = _now()
+        return self.core.grant_one(scope, priority, now)
+
     def try_acquire(self, costs: Mapping[str, float], priority: int) -> Ticket | None:
         """Grant ``costs`` now if every scope and the global cap admit them, else ``None``."""
         now = _now()
         core = self.core
-        if len(costs) == 1:  # the uncontended fast path of one known scope
-            for scope, cost in costs.items():
-                ticket = core.grant_one(scope, cost, priority, now)
-                if ticket is not None:
-                    return ticket
         ticket = core.make_ticket(costs, priority, now)
-        return ticket if core.try_grant(ticket, now) else None
+        if core.try_grant(ticket, now):
+            return ticket
+        core.discard(ticket)
+        return None
 
     async def acquire(
         self,
@@ -129,6 +144,7 @@ class MemoryBackend:
         if core.try_grant(ticket, now):
             return ticket  # no await, no yield to the event loop
         if self.max_waiters is not None and core.waiting >= self.max_waiters:
+            core.discard(ticket)
             raise Overloaded(f"{core.waiting} requests are already waiting (max_waiters)")
         if core.enqueue(ticket, now):
             return ticket
@@ -163,12 +179,12 @@ class MemoryBackend:
             self._kick(now)
 
     def release_nowait(self, lease: Ticket) -> bool:
-        """Give the lease back (idempotent); always done at once here."""
-        if lease.state == GRANTED:
-            now = _now()
-            self.core.release(lease, now)
-            if self.core.pending:
-                self._kick(now)
+        """Give the lease back (idempotent); always done at once here, without a clock
+        read unless a waiter may be granted."""
+        core = self.core
+        core.release(lease)
+        if core.pending:
+            self._kick(_now())
         return True
 
     async def release(self, lease: Ticket) -> None:
