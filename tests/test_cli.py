@@ -271,6 +271,12 @@ def test_demo_crawls_local_sites_and_reports() -> None:
                           re.MULTILINE)  # fmt: skip
         assert match, out
         assert 1 <= int(match.group(2)) <= 4
+    # Each site: what it does, the policy applied, and what the limiter did and why.
+    assert out.count("throttlekit applies: concurrency 4, delay 0 s") == 4, out
+    explanations = re.findall(r"^  (.+): this site (.+)\.$", out, re.MULTILINE)
+    assert len(explanations) == 4, out
+    assert "429" in explanations[2][0] or "never had to slow down" in explanations[2][0]
+    assert "AutoThrottle" in explanations[1][0] or "backed off" in explanations[1][0]
     assert re.search(r"^done in \d+\.\d s$", out, re.MULTILINE)
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "SERVER_MODELS",
     "CLIError",
     "build_limiter",
+    "describe_policy",
     "describe_server",
     "make_console",
     "parse_assignment",
@@ -198,6 +199,26 @@ def parse_server(spec: str, where: str) -> ServerModel:
         key, value = parse_assignment(item, where)
         params[key] = value
     return make_server(name.strip(), params, where)
+
+
+def describe_policy(limiter: Limiter, scope: str) -> str:
+    """The policy ``limiter`` applies to ``scope``, in one line."""
+    policy = limiter.policy(scope)
+    parts = [
+        f"concurrency {policy.concurrency if policy.concurrency is not None else 'unlimited'}",
+        f"delay {policy.delay:g} s",
+        f"slot delay {policy.slot_delay:g} s",
+    ]
+    low, high = policy.jitter
+    if low or high:
+        parts.append(f"jitter x{1 + low:g}..x{1 + high:g}")
+    if policy.quota is not None:
+        parts.append(f"quota {policy.quota:g}/{policy.window:g} s")
+    controllers = [
+        name for name in ("backoff", "autothrottle", "rampup") if getattr(policy, name, None)
+    ]
+    parts.append("controllers: " + (", ".join(controllers) or "none"))
+    return ", ".join(parts)
 
 
 def describe_server(model: object) -> str:

@@ -21,7 +21,14 @@ from .._backoff import Backoff
 from .._limiter import Limiter
 from .._policy import ScopePolicy
 from ..testing import CapacityServer, FixedServer, FlakyServer, QuotaServer, ServerModel
-from ._common import CLIError, build_limiter, make_console, read_toml, split_config
+from ._common import (
+    CLIError,
+    build_limiter,
+    describe_policy,
+    make_console,
+    read_toml,
+    split_config,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -35,17 +42,17 @@ __all__ = ["DEMO_SITES", "demo_command", "demo_limiter"]
 
 #: The demo's sites: host → (what it does, its server model).
 DEMO_SITES: dict[str, tuple[str, ServerModel]] = {
-    "fast.test": ("answers in 10 ms", FixedServer(latency=0.01, size=2_000)),
+    "fast.test": ("answers every request in 10 ms", FixedServer(latency=0.01, size=2_000)),
     "slow.test": (
-        "2 workers x 250 ms: latency grows with load",
+        "has 2 workers of 250 ms each, so its latency grows with load",
         CapacityServer(workers=2, service_time=0.25, jitter=0.2, size=20_000),
     ),
     "quota.test": (
-        "allows 5 requests/s, answers 429 with Retry-After beyond",
+        "allows 5 requests per second and answers 429 with Retry-After beyond",
         QuotaServer(limit=5, window=1.0, latency=0.05),
     ),
     "flaky.test": (
-        "5% 503 errors, 2% hang until the client times out",
+        "answers 5 % of requests with a random 503 and lets 2 % hang until the client times out",
         FlakyServer(
             latency=0.08, error_rate=0.05, error_statuses=(503,), timeout_rate=0.02, timeout=3.0
         ),
@@ -155,6 +162,42 @@ class _Crawl:
         return table
 
 
+def _signals(stats: _SiteStats) -> str:
+    """The backoff signals a site sent, e.g. ``4 x 429`` or ``3 x 503 and 1 timeout``."""
+    parts = [
+        f"{count} x {status}"
+        for status, count in sorted(stats.statuses.items())
+        if status == 429 or status >= 500
+    ]
+    if stats.timeouts:
+        parts.append(f"{stats.timeouts} timeout{'s' if stats.timeouts > 1 else ''}")
+    return " and ".join(parts)
+
+
+def _explanation(crawl: _Crawl, host: str, behaviour: str) -> str:
+    """What the limiter did on ``host`` and why, in one sentence."""
+    stats = crawl.stats[host]
+    scope = crawl.limiter.statistics().scopes.get(host)
+    policy = crawl.limiter.policy(host)
+    delay = scope.delay if scope is not None else policy.delay
+    signals = _signals(stats)
+    peak = crawl.peak_backoff[host]
+    if peak and signals:
+        did = f"backed off after {signals} (backoff level up to {peak}, delay now {delay:.2f} s)"
+    elif signals:
+        did = f"got {signals}, too few to slow down for"
+    elif policy.autothrottle is not None and delay > policy.delay:
+        latency = statistics.median(stats.latencies[-200:]) if stats.latencies else 0.0
+        did = (
+            f"AutoThrottle spaced requests {delay:.2f} s apart, following the latency "
+            f"({latency * 1000:.0f} ms)"
+        )
+    else:
+        limit = "unlimited" if policy.concurrency is None else str(policy.concurrency)
+        did = f"never had to slow down beyond the policy ({limit} at a time, {delay:g} s apart)"
+    return f"{did}: this site {behaviour}."
+
+
 def _report(crawl: _Crawl, sites: LocalSites, elapsed: float) -> list[str]:
     lines = []
     for host in crawl.hosts:
@@ -171,10 +214,8 @@ def _report(crawl: _Crawl, sites: LocalSites, elapsed: float) -> list[str]:
             line += f"; {throttled} x 429 ({throttled / max(answered, 1):.0%} of responses)"
         if server_errors or stats.timeouts:
             line += f"; {server_errors} x 5xx and {stats.timeouts} timeouts"
-        peak = crawl.peak_backoff[host]
-        if peak:
-            line += f"; backoff peaked at level {peak}"
         lines.append(line)
+        lines.append(f"  {_explanation(crawl, host, DEMO_SITES[host][0])}")
     return lines
 
 
@@ -194,7 +235,9 @@ async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Conso
             soft_wrap=True,
         )
         for host, (behaviour, _) in DEMO_SITES.items():
-            console.print(f"  [bold]{escape(host)}[/]  {escape(behaviour)}")
+            console.print(f"  [bold]{escape(host)}[/] {escape(behaviour)}", soft_wrap=True)
+            policy = describe_policy(limiter, host)
+            console.print(f"    throttlekit applies: {escape(policy)}", soft_wrap=True)
         inner = Stopwatch(httpx.AsyncHTTPTransport(proxy=sites.proxy_url))
         transport = ThrottledTransport(limiter, inner)
         async with httpx.AsyncClient(

@@ -31,6 +31,7 @@ from ._common import (
     EXIT_FAILED,
     CLIError,
     build_limiter,
+    describe_policy,
     describe_server,
     make_console,
     parse_assignment,
@@ -167,25 +168,6 @@ def _workload(plan: _Plan) -> list[SimRequest]:
         attrs.evolve(request, url=f"https://{hosts[index % len(hosts)]}/page/{index}")
         for index, request in enumerate(arrivals)
     ]
-
-
-def _policy_text(limiter: Limiter, scope: str) -> str:
-    policy = limiter.policy(scope)
-    parts = [
-        f"concurrency {policy.concurrency if policy.concurrency is not None else 'unlimited'}",
-        f"delay {policy.delay:g} s",
-        f"slot delay {policy.slot_delay:g} s",
-    ]
-    low, high = policy.jitter
-    if low or high:
-        parts.append(f"jitter x{1 + low:g}..x{1 + high:g}")
-    if policy.quota is not None:
-        parts.append(f"quota {policy.quota:g}/{policy.window:g} s")
-    controllers = [
-        name for name in ("backoff", "autothrottle", "rampup") if getattr(policy, name, None)
-    ]
-    parts.append("controllers: " + (", ".join(controllers) or "none"))
-    return ", ".join(parts)
 
 
 def _summary(trace: Trace) -> Table:
@@ -391,7 +373,7 @@ def simulate_command(
     for host in plan.hosts:
         model = plan.server.sites[host] if isinstance(plan.server, Sites) else plan.server
         console.print(f"[bold]{escape(host)}[/]: {escape(describe_server(model))}", soft_wrap=True)
-        console.print(f"  policy: {escape(_policy_text(limiter, host))}", soft_wrap=True)
+        console.print(f"  policy: {escape(describe_policy(limiter, host))}", soft_wrap=True)
     started = time.perf_counter()
     result = simulate(limiter, plan.server, workload, duration=plan.duration, seed=plan.seed)
     elapsed = time.perf_counter() - started
