@@ -8,12 +8,15 @@ are made from what that server recorded.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,6 +146,29 @@ def test_simulate_documented_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert float(api[5]) <= 5.0
 
 
+def test_simulate_defaults_show_throttling_at_work(capsys: pytest.CaptureFixture[str]) -> None:
+    """With no options, the policy sends faster than the server allows: backoff has work."""
+    assert main(["simulate", "--duration", "120"]) == 0
+    out = capsys.readouterr().out
+    assert "policy: concurrency 8, delay 0 s, slot delay 0 s" in out
+    row = table_row(out, "site.test")
+    assert int(row[3]) > 0  # some 429s
+    assert int(row[9]) > 0  # backoff stepped in
+    # And it settles: most requests are answered.
+    assert int(row[2]) > 0.9 * int(row[1])
+
+
+def test_plot_reference_line_is_what_the_server_allows() -> None:
+    from throttlekit._cli._charts import allowed_rate
+    from throttlekit.testing import CapacityServer, FixedServer, QuotaServer
+
+    quota = QuotaServer(limit=5, window=2.0, changes=[(100.0, 10)])
+    assert allowed_rate(quota, [0.0, 99.0, 100.0]) == [2.5, 2.5, 5.0]
+    assert allowed_rate(CapacityServer(workers=2, service_time=0.25), [0.0]) == [8.0]
+    assert allowed_rate(FixedServer(), [0.0]) is None
+    assert allowed_rate(None, [0.0]) is None
+
+
 def test_simulate_without_backoff_gets_more_429s(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["simulate", "--server", "quota:limit=5,retry_after=1", "--concurrency", "4",
             "--delay", "0", "--duration", "30", "--requests", "500"]  # fmt: skip
@@ -247,7 +273,28 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for command in ("simulate", "demo", "fetch"):
         assert command in out
+    assert not re.search(r"^  (simulate|demo|fetch) .*\.\.\.$", out, re.M)  # help lines whole
     assert main(["frobnicate"]) == 2
+
+
+def test_version() -> None:
+    from throttlekit import __version__
+
+    result = run_cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"throttlekit {__version__}\n"
+
+
+def test_help_shows_bracketed_words_and_is_not_cut() -> None:
+    """No markup eats "[simulate]" or "throttlekit-http[plot]"; long lines wrap, never cut."""
+    result = run_cli("simulate", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "a [simulate] table" in text
+    assert "(needs throttlekit-http[plot])" in text
+    assert "Limiter.from_settings reads" in text
+    assert "\u2026" not in result.stdout  # no ellipsis: nothing cut short
+    assert max(len(line) for line in result.stdout.splitlines()) <= 120
 
 
 # -- demo -------------------------------------------------------------------------------
@@ -330,7 +377,10 @@ def test_fetch_is_polite_per_host_and_resumable(tmp_path: Path, server: LocalSer
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr
     assert "fetched 8 URL(s)" in first.stderr
-    assert "8 ok, 0 failed; 0 already in the output, 0 bad line(s)" in first.stderr
+    assert (
+        "8 ok, 0 answered 4xx (final, not retried), 0 failed; 0 already in the output, "
+        "0 bad line(s)" in first.stderr
+    )
 
     records = read_jsonl(output)
     assert sorted(r["url"] for r in records) == sorted(urls)  # the duplicate line is dropped
@@ -343,6 +393,12 @@ def test_fetch_is_polite_per_host_and_resumable(tmp_path: Path, server: LocalSer
         assert record["status"] == 200
         assert record["scope"] == str(record["url"]).split("/")[2]
         assert record["attempts"] == 1
+    # fetched_at is when each request was sent: one host's sends are 0.3 s apart.
+    for host in ("a.test", "b.test"):
+        sent = sorted(
+            datetime.datetime.fromisoformat(r["fetched_at"]) for r in records if r["scope"] == host
+        )
+        assert all(b - a >= datetime.timedelta(seconds=0.25) for a, b in itertools.pairwise(sent))
         assert record["error"] is None
     # Throttled per host, from the server's own records: one at a time, 0.3 s apart...
     for host in ("a.test", "b.test"):
@@ -359,7 +415,10 @@ def test_fetch_is_polite_per_host_and_resumable(tmp_path: Path, server: LocalSer
     write_urls(urls_file, [*urls, *new])
     second = run_cli(*args)
     assert second.returncode == 0, second.stderr
-    assert "2 ok, 0 failed; 8 already in the output" in second.stderr
+    assert (
+        "2 ok, 0 answered 4xx (final, not retried), 0 failed; 8 already in the output"
+        in second.stderr
+    )
     assert sorted(hit.path for hit in server.hits()) == ["/page/new", "/page/new"]
     assert len(read_jsonl(output)) == 10
 
@@ -387,7 +446,11 @@ def test_fetch_reports_bad_lines_and_failures(tmp_path: Path, server: LocalServe
     assert f"{urls_file}:3: not a URL (contains spaces): 'not a url'" in err
     assert f"{urls_file}:9: URL without a host: 'https://'" in err
     assert "fetched 6 URL(s)" in err
-    assert "4 ok, 2 failed; 0 already in the output, 3 bad line(s)" in err
+    # The 404 is an answer (not retried, not a failure), counted apart from the 2xx.
+    assert (
+        "3 ok, 1 answered 4xx (final, not retried), 2 failed; 0 already in the output, "
+        "3 bad line(s)" in err
+    )
     by_url = {r["url"]: r for r in read_jsonl(output)}
     assert by_url["http://a.test/missing"]["status"] == 404  # a response: not a failure
     down = by_url["http://down.test/x"]
@@ -413,8 +476,32 @@ def test_fetch_reports_bad_lines_and_failures(tmp_path: Path, server: LocalServe
     again = run_cli(*args, "--retry-failed", "--retries", "0")
     assert again.returncode == 1
     assert "ignored 1 unreadable line(s)" in again.stderr
-    assert "0 ok, 2 failed; 4 already in the output" in again.stderr
+    assert (
+        "0 ok, 0 answered 4xx (final, not retried), 2 failed; 4 already in the output"
+        in again.stderr
+    )
     assert sorted(hit.host for hit in server.hits()) == ["down.test", "hang.test"]
+
+
+def test_fetch_interrupted_says_how_to_resume(tmp_path: Path, server: LocalServer) -> None:
+    urls_file = write_urls(tmp_path / "urls.txt", [f"http://hang.test/{n}" for n in range(3)])
+    output = tmp_path / "out.jsonl"
+    env = {**os.environ, "COLUMNS": "160", "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "throttlekit", "fetch", str(urls_file), "-o", str(output),
+            "--proxy", server.proxy_url, "--timeout", "30"]  # fmt: skip
+    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not server.hits("hang.test") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.hits("hang.test"), "the fetch never started"
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert "interrupted: run the same command again to resume" in " ".join(err.split())
 
 
 def test_fetch_writes_to_stdout_without_output(tmp_path: Path, server: LocalServer) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
@@ -32,6 +32,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: rich markup would eat bracketed words ("throttlekit-http[plot]",
+    # "[simulate]") and rich's boxes cut long option names at 80 columns.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
 
 
@@ -60,14 +64,40 @@ def _reporting(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"throttlekit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
 def _register() -> None:
     from ._demo import demo_command
     from ._fetch import fetch_command
     from ._simulate import simulate_command
 
-    app.command("simulate")(_reporting(simulate_command))
-    app.command("demo")(_reporting(demo_command))
-    app.command("fetch")(_reporting(fetch_command))
+    app.command("simulate", short_help="Run a policy against a simulated server, in virtual time.")(
+        _reporting(simulate_command)
+    )
+    app.command("demo", short_help="Crawl four local sites and watch throttlekit adapt.")(
+        _reporting(demo_command)
+    )
+    app.command("fetch", short_help="Fetch URLs politely, per-host throttled and resumable.")(
+        _reporting(fetch_command)
+    )
 
 
 _register()

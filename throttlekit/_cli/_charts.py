@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,8 +97,25 @@ def check_plotting() -> None:
         ) from None
 
 
-def plot_png(trace: Trace, path: Path, title: str) -> None:
-    """Write rate, errors and delay over time as a PNG (matplotlib, no display needed)."""
+def allowed_rate(model: object, times: list[float]) -> list[float] | None:
+    """What a server model allows, in requests per second at each of ``times``, if it says."""
+    rate_at = getattr(model, "rate_at", None)
+    if callable(rate_at):
+        return [float(rate_at(time)) for time in times]
+    capacity = getattr(model, "capacity", None)
+    if isinstance(capacity, (int, float)) and math.isfinite(capacity):
+        return [float(capacity)] * len(times)
+    return None
+
+
+def plot_png(
+    trace: Trace, path: Path, title: str, servers: Mapping[str, object] | None = None
+) -> None:
+    """Write rate, errors and delay over time as a PNG (matplotlib, no display needed).
+
+    ``servers`` maps a scope to its server model: what the server allows is
+    drawn on the rate chart as a dotted reference line.
+    """
     check_plotting()
     import matplotlib
 
@@ -115,6 +132,12 @@ def plot_png(trace: Trace, path: Path, title: str) -> None:
         times = [item.start for item in buckets]
         rates.step(times, series["sent/s"], where="post", label=f"{scope} sent")
         rates.step(times, series["ok/s"], where="post", linestyle="--", label=f"{scope} ok")
+        allowed = allowed_rate((servers or {}).get(scope), times)
+        if allowed is not None:
+            rates.step(
+                times, allowed, where="post", linestyle=":", color="black",
+                label=f"{scope}: the server allows",
+            )  # fmt: skip
         errors.step(times, series["429/s"], where="post", label=f"{scope} 429")
         errors.step(times, series["errors/s"], where="post", label=f"{scope} 5xx/failures")
         delays.step(times, series["delay s"], where="post", label=scope)
@@ -125,7 +148,7 @@ def plot_png(trace: Trace, path: Path, title: str) -> None:
     for axes in (rates, errors, delays):
         axes.grid(alpha=0.3)
         if axes.get_legend_handles_labels()[0]:
-            axes.legend(loc="upper right", fontsize="small")
+            axes.legend(loc="best", fontsize="small")
     figure.suptitle(title)
     try:
         figure.savefig(path, format="png", dpi=100)

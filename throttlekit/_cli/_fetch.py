@@ -18,6 +18,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .. import __version__
 from .. import scopes as _scopes
 from .._limiter import Limiter
 from ._common import (
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["fetch_command"]
 
 _TABLE_KEYS = ("timeout", "retries", "user_agent", "proxy", "output", "retry_failed")
-_DEFAULT_USER_AGENT = "throttlekit-fetch (+https://pypi.org/project/throttlekit/)"
+_DEFAULT_USER_AGENT = f"throttlekit-fetch/{__version__}"
 #: Statuses worth another try later (the limiter backs off in between).
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
 
@@ -143,6 +144,7 @@ class _Fetcher:
         self.progress = progress
         self.task = task
         self.ok = 0
+        self.client_errors = 0  # 4xx answers other than 429: final, not retried
         self.failed = 0
 
     def scope_of(self, url: str) -> str:
@@ -160,7 +162,6 @@ class _Fetcher:
         from ._local import HEADERS_AT, SENT_AT
 
         queued = anyio.current_time()
-        started = datetime.datetime.now(datetime.timezone.utc)
         status: int | None = None
         size = 0
         latency: float | None = None
@@ -192,6 +193,10 @@ class _Fetcher:
             waited += max(0.0, sent_at - asked)
             if not retry or attempts > self.retries:
                 break
+        # The wall-clock time of the last attempt's send (not of the queueing).
+        sent_wall = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
+            seconds=max(0.0, anyio.current_time() - sent_at)
+        )
         record = {
             "url": url,
             "status": status,
@@ -202,19 +207,22 @@ class _Fetcher:
             "elapsed": round(anyio.current_time() - queued, 6),
             "attempts": attempts,
             "error": error,
-            "fetched_at": started.isoformat(timespec="seconds"),
+            "fetched_at": sent_wall.isoformat(timespec="milliseconds"),
         }
         self.out.write(json.dumps(record) + "\n")
         self.out.flush()
         if _failed(record):
             self.failed += 1
+        elif status is not None and status >= 400:
+            self.client_errors += 1
         else:
             self.ok += 1
         if self.progress is not None:
             self.progress.update(
                 self.task,
                 advance=1,
-                description=f"[green]{self.ok} ok[/] [red]{self.failed} failed",
+                description=f"[green]{self.ok} ok[/] {self.client_errors} 4xx "
+                f"[red]{self.failed} failed",
             )
 
 
@@ -233,7 +241,7 @@ async def _fetch_all(
     user_agent: str,
     proxy: str | None,
     progress: Progress | None,
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     import httpx
 
     from ..adapters.httpx import ThrottledTransport
@@ -255,7 +263,7 @@ async def _fetch_all(
             async with anyio.create_task_group() as tasks:
                 for url in batch:
                     tasks.start_soon(fetcher.fetch, url)
-        return fetcher.ok, fetcher.failed
+        return fetcher.ok, fetcher.client_errors, fetcher.failed
 
 
 def fetch_command(
@@ -406,7 +414,7 @@ def fetch_command(
     try:
         if progress is not None:
             progress.start()
-        ok, failed = asyncio.run(
+        ok, client_errors, failed = asyncio.run(
             _fetch_all(
                 pending,
                 limiter,
@@ -418,6 +426,13 @@ def fetch_command(
                 progress=progress,
             )
         )
+    except KeyboardInterrupt:
+        if out is not sys.stdout:
+            hint = f"run the same command again to resume: {output_name} keeps what was fetched"
+        else:
+            hint = "give --output FILE to make a run resumable"
+        stderr.print(f"[yellow]interrupted[/]: {escape(hint)}")
+        raise typer.Exit(130) from None
     finally:
         if progress is not None:
             progress.stop()
@@ -425,8 +440,9 @@ def fetch_command(
             out.close()
     if not quiet:
         stderr.print(
-            f"fetched {ok + failed} URL(s) in {time.perf_counter() - started:.1f} s: "
-            f"{ok} ok, {failed} failed; {skipped} already in the output, "
+            f"fetched {ok + client_errors + failed} URL(s) in "
+            f"{time.perf_counter() - started:.1f} s: {ok} ok, {client_errors} answered 4xx "
+            f"(final, not retried), {failed} failed; {skipped} already in the output, "
             f"{len(problems)} bad line(s)"
         )
     raise typer.Exit(EXIT_FAILED if failed or problems else EXIT_OK)

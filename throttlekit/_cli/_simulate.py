@@ -45,6 +45,13 @@ __all__ = ["simulate_command"]
 
 _TABLE_KEYS = ("duration", "requests", "rate", "seed", "server", "sites")
 _DEFAULT_SERVER = QuotaServer(limit=5, window=1.0)
+#: Without a config file: 8 at a time and no delay, faster than the default
+#: server allows, so that the run shows throttling at work.
+_DEFAULT_POLICY = {
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+    "DOWNLOAD_DELAY": 0.0,
+    "DOWNLOAD_DELAY_PER_SLOT": 0.0,
+}
 
 
 @attrs.frozen
@@ -97,6 +104,9 @@ def _plan(
     if delay is not None:
         settings["DOWNLOAD_DELAY"] = delay
         settings.setdefault("DOWNLOAD_DELAY_PER_SLOT", delay)
+    if config is None:
+        for name, value in _DEFAULT_POLICY.items():
+            settings.setdefault(name, value)
 
     models: dict[str, ServerModel] = {}
     if sites:
@@ -381,7 +391,10 @@ def simulate_command(
     console.print(_summary(result))
     console.print(chart_table(result, width or max(10, min(60, console.width - 28))))
     if plot is not None:
-        plot_png(result, plot, f"throttlekit simulate: {plan.description}")
+        servers = plan.server.sites if isinstance(plan.server, Sites) else {}
+        policies = sorted({describe_policy(limiter, host) for host in plan.hosts})
+        title = "\n".join([f"throttlekit simulate: {plan.description}", *policies])
+        plot_png(result, plot, title, servers)
         console.print(f"wrote {escape(str(plot))}")
     if trace is not None:
         _write_trace(result, trace)
