@@ -1,8 +1,10 @@
 """Throttle aiohttp: a polite multi-host crawl, and an API with a shared budget.
 
-Run it as ``python examples/aiohttp_example.py`` (it fetches a few pages from
-example.com, example.org and example.net). Every function takes an optional
-``proxy`` so the test suite can run it against a local server.
+Run it as ``python examples/aiohttp_example.py``: it crawls a few pages of
+example.com, example.org and example.net from a local stand-in for the web
+(``local_web.py``, no network needed) and prints when each host's requests
+arrived. Every function takes an optional ``proxy``, which is how it reaches
+that stand-in (and how the test suite runs it against its own local server).
 """
 
 from __future__ import annotations
@@ -59,9 +61,15 @@ async def search_api(queries: list[str], *, proxy: str | None = None) -> list[in
 
 
 async def main() -> None:
-    urls = [f"https://{host}/" for host in ("example.com", "example.org", "example.net")]
-    for url, status in (await crawl(urls * 2)).items():
-        print(status, url)
+    from local_web import LocalWeb
+
+    with LocalWeb() as web:  # answers http:// URLs of any host, locally
+        hosts = ("example.com", "example.org", "example.net")
+        urls = [f"http://{host}/page/{n}" for host in hosts for n in range(4)]
+        statuses = await crawl(urls, proxy=web.proxy)
+        print(f"{len(statuses)} pages, statuses {sorted(set(statuses.values()))}")
+        print("2 at a time per host, sends 0.25 s apart per host, hosts in parallel:")
+        print(web.report())
 
 
 if __name__ == "__main__":
