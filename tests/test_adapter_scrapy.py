@@ -495,6 +495,34 @@ def test_autothrottle_settings_drive_throttlekits_controller(
     assert_spaced(server.hits("b.test"), 0.5)
 
 
+def test_autothrottle_ignores_responses_that_were_not_timed(
+    server: LocalServer, tmp_path: Path
+) -> None:
+    """As Scrapy's AutoThrottle: a response without download_latency (here made
+    by a middleware after throttlekit's) does not move the delay."""
+    settings = {
+        **EXACT,
+        "DOWNLOADER_MIDDLEWARES": {**MIDDLEWARE, "loopback.AnswerMiddleware": 960},
+        "AUTOTHROTTLE_ENABLED": True,
+        "AUTOTHROTTLE_START_DELAY": 0.6,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 0,
+    }
+    answered = {"answer": True}
+    urls: list[str | dict[str, Any]] = [
+        {"url": f"a.test/answered{n}", "meta": answered, "priority": 1} for n in range(3)
+    ]
+    urls += ["a.test/0", "a.test/1"]
+    result = crawl(server, tmp_path, settings, urls)
+    assert result.statuses() == [200] * 5
+    hits = server.hits("a.test")
+    assert [hit.path for hit in hits] == ["/0", "/1"], table(hits)
+    # Still 0.6 s after three untimed responses (timed from the grant they
+    # would have halved it three times); the first real response (0.05 s)
+    # takes it halfway down: 0.325 s.
+    assert hits[1].arrived - hits[0].arrived >= 0.325 - SLACK, table(hits)
+
+
 def test_a_reactor_without_asyncio_is_refused(server: LocalServer, tmp_path: Path) -> None:
     settings = {**EXACT, "TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor"}
     result = crawl(server, tmp_path, settings, ["a.test/1"])

@@ -7,7 +7,8 @@
 * :class:`PlanSpider` requests exactly the URLs of its plan and records what
   came back and when.
 * :class:`BounceMiddleware` and :class:`IgnoreMiddleware` misbehave after the
-  throttling middleware, to check that no permit leaks.
+  throttling middleware, to check that no permit leaks;
+  :class:`AnswerMiddleware` answers requests without downloading them.
 """
 
 from __future__ import annotations
@@ -96,3 +97,16 @@ class IgnoreMiddleware:
     def process_request(self, request: scrapy.Request, spider: Any = None) -> None:
         if request.meta.get("ignore"):
             raise IgnoreRequest("ignored after throttling")
+
+
+class AnswerMiddleware:
+    """Answers a request that has ``meta["answer"]`` itself, without downloading it.
+
+    Ordered after the throttling middleware, its responses were never timed
+    (no ``download_latency``): AutoThrottle must not learn from them.
+    """
+
+    def process_request(self, request: scrapy.Request, spider: Any = None) -> Any:
+        if request.meta.get("answer"):
+            return scrapy.http.HtmlResponse(request.url, body=b"answered", request=request)
+        return None

@@ -776,6 +776,7 @@ def _report_start_failure(crawler: Crawler, exc: BaseException) -> None:
         # logging's last resort has printed the line already).
         print(message, file=sys.stderr)
     _REPORTED.append(exc)
+    del _REPORTED[:-8]  # a process starts few crawls; keep the latest
     for name in ("asyncio", "twisted"):
         target = logging.getLogger(name)
         if _drop_reported not in target.filters:
