@@ -34,7 +34,7 @@ def scrapy(session: nox.Session, scrapy: str) -> None:
     """The Scrapy tests (real crawls) on the oldest and the newest supported Scrapy.
 
     ``nox -s tests`` runs them on the newest only; ``nox -s scrapy`` on both,
-    ``nox -s "scrapy-3.11(scrapy='2.13.4')"`` on the oldest.
+    ``nox -s "scrapy(scrapy='2.13.4')"`` on the oldest.
     """
     session.install("-e", ".[scrapy,test]", "aiohttp>=3.12")
     session.install("--upgrade", "scrapy" if scrapy == "newest" else f"scrapy=={scrapy}")
