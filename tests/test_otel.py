@@ -38,7 +38,7 @@ from throttlekit import (
 )
 from throttlekit.otel import _WAIT_BUCKETS as WAIT_BUCKETS
 from throttlekit.otel import LimiterMetrics, instrument
-from throttlekit.testing import VirtualEventLoop
+from throttlekit.testing import FlakyServer, QuotaServer, VirtualEventLoop, burst, simulate
 
 pytestmark = pytest.mark.anyio
 
@@ -622,3 +622,84 @@ async def test_redis_scope_gauges_show_the_shared_state(metrics: Metrics) -> Non
         attrs_(**name): EXACT_BACKOFF.min_delay  # the backoff step the first process took
     }
     assert metrics.values("throttlekit.scope.concurrency", points) == {attrs_(**name): 3}
+
+
+# -- a whole simulated crawl: the metrics equal its trace ------------------------------
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_metrics_equal_the_trace_of_a_simulated_crawl(metrics: Metrics, backend: str) -> None:
+    """Waits, grants, timeouts, cancellations, signals and server waits, request by request."""
+    limiter = Limiter(
+        scopes={"api.test": policy(concurrency=2, delay=0.1)},
+        default=policy(concurrency=1, delay=0.5),
+        concurrency=None,
+        seed=3,
+    )
+    metrics.instrument(limiter)
+    servers = {
+        "api.test": QuotaServer(limit=5, window=1.0, retry_after=2),
+        "shop.test": FlakyServer(
+            latency=0.2, error_rate=0.2, timeout_rate=0.3, timeout=1.0, reset_rate=0.1
+        ),
+    }
+    requests = [
+        *burst("https://api.test/items/{i}", 40),
+        *burst("https://shop.test/p/{i}", 15, at=0.5),
+        *burst("https://shop.test/late/{i}", 5, at=1.0, timeout=2.0),
+        *burst("https://shop.test/gone/{i}", 5, at=1.0, cancel_after=3.0),
+    ]
+    trace = simulate(limiter, servers, requests, seed=11, backend=backend)
+    groups = {"api.test": "api.test", "shop.test": "default"}
+
+    def group_of(record: Any) -> str:
+        return groups[record.url.split("/")[2]]
+
+    waits: dict[tuple[str, str], list[float]] = {}
+    signals: dict[tuple[str, str], int] = {}
+    asked: dict[str, list[float]] = {}
+    for record in trace.requests:
+        assert record.arrived is not None
+        outcome = {"timeout": "timeout", "cancelled": "cancelled"}.get(record.outcome, "granted")
+        end = (
+            record.sent
+            if outcome == "granted"
+            else record.arrived + (2.0 if outcome == "timeout" else 3.0)
+        )
+        assert end is not None
+        waits.setdefault((group_of(record), outcome), []).append(end - record.arrived)
+        name = str(record.status) if record.status in EXACT_BACKOFF.http_codes else None
+        if record.exception in ("TimeoutError", "ConnectionResetError"):
+            name = record.exception
+        if name is not None:
+            key = (group_of(record), name)
+            signals[key] = signals.get(key, 0) + 1
+        if "Retry-After" in (record.headers or {}):
+            asked.setdefault(group_of(record), []).append(float(record.headers["Retry-After"]))
+    assert {outcome for _, outcome in waits} == {"granted", "timeout", "cancelled"}
+    assert ("default", "TimeoutError") in signals
+    assert ("api.test", "429") in signals
+
+    points = metrics.points()
+    histogram = metrics.histogram("throttlekit.permit.wait_time", points)
+    assert {key: (point.count, pytest.approx(point.sum)) for key, point in histogram.items()} == {
+        group(name, **{OUTCOME: outcome}): (len(values), sum(values))
+        for (name, outcome), values in waits.items()
+    }
+    assert metrics.values("throttlekit.permit.grants", points) == {
+        group(name): len(values)
+        for (name, outcome), values in waits.items()
+        if outcome == "granted"
+    }
+    assert metrics.values("throttlekit.permit.timeouts", points) == {
+        group("default"): len(waits["default", "timeout"])
+    }
+    assert metrics.values("throttlekit.backoff.signals", points) == {
+        group(name, **{"error.type": signal}): count for (name, signal), count in signals.items()
+    }
+    requested = metrics.histogram("throttlekit.server.requested_wait", points)
+    assert {key: (p.count, p.sum) for key, p in requested.items()} == {
+        group(name): (len(values), sum(values)) for name, values in asked.items()
+    }
+    assert set(metrics.values("throttlekit.permit.active", points).values()) == {0}
+    assert metrics.values("throttlekit.permit.waiting", points) == {frozenset(): 0}
