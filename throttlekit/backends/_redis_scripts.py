@@ -1,24 +1,30 @@
-"""The Lua scripts of the Redis backend (constant source; data only ever goes in KEYS/ARGV).
+"""The Lua scripts of the Redis backend: admission and bookkeeping, nothing else.
 
-Every decision is made inside Redis, atomically, on Redis's own clock
-(``TIME``); clients never send their clocks. Times inside the scripts are
-milliseconds since the Unix epoch (floats with microsecond resolution) and
-are formatted with ``%.3f`` before they are stored, because Redis turns Lua
-numbers into strings with only 14 significant digits.
+The controllers (backoff, AutoThrottle, rampup, custom ones) run in Python,
+in the processes (:mod:`._redis_state`); Redis keeps what they produced and
+the scripts only read it. Every script is atomic and reads Redis's own clock
+(``TIME``), so the workers' clocks never matter; ``ARGV[1]`` may instead give
+the time (tests drive the backend in virtual time that way; ``''`` = ``TIME``).
+Times are milliseconds since the Unix epoch; ``next``/``last`` are stored with
+``%.3f`` (Redis turns Lua numbers into strings with only 14 digits), values
+the client sent are stored as it formatted them.
 
 Keys of one scope (all share the hash tag ``{prefix:scope}``, so a scope is
-Redis Cluster safe); ``KEYS`` holds six of them per scope, in this order:
+Redis Cluster safe); ``KEYS`` holds six per scope, in this order, then the
+tombstone of the call:
 
 ``L`` leases
     sorted set: lease id -> expiry time. Its size is the scope's in-flight
     count; expired leases (crashed workers) are dropped before every decision.
 ``S`` state
-    hash: ``next`` (earliest next send), ``last`` (last send) and ``factor``
-    (its jitter factor), ``turn`` (the latest wake-up time handed to a waiting
-    worker), backoff (``level``, ``step``,
-    ``bconc``, ``bbase``, ``blk``, ``lsat``, ``lsig``, ``stepat``, ``bad``,
-    ``good``, ``calm``, ``forgot``, ``pace``, ``paceu``) and AutoThrottle
-    (``at``).
+    hash. Bookkeeping: ``next`` (earliest next send), ``last`` (last send) and
+    ``factor`` (its jitter factor), ``turn`` (the latest wake-up handed to a
+    waiting worker). What the controllers produced (written only by a
+    version check, see :data:`RELEASE` and :data:`SYNC`): ``ver``, ``ctl``
+    (their states, JSON), ``fp`` (the fingerprint of the policy they ran
+    with) and the effective limits ``delay``, ``conc`` (0 = unlimited),
+    ``blk`` (blocked until), ``jl``/``jh`` (jitter) and ``due`` (the earliest
+    time a send must run the controllers' ``on_send``).
 ``T`` slot times
     sorted set: lease id -> send time of free concurrency slots that sent
     before (for ``slot_delay``).
@@ -33,103 +39,101 @@ Redis Cluster safe); ``KEYS`` holds six of them per scope, in this order:
     set for a minute when a caller gives up on an acquire call whose reply it
     never saw; the call, should it still arrive, then grants nothing.
 
-A scope's policy travels in ``ARGV`` as :data:`POLICY_FIELDS` numbers (see
-``_policy_args`` in :mod:`throttlekit.backends.redis`).
-
-The backoff and AutoThrottle code mirrors ``throttlekit/_backoff.py`` and
-``throttlekit/_autothrottle.py`` step for step (tests run both side by side).
+A scope's policy travels as one string (:func:`._redis_state.pack_policy`):
+the fingerprint, then the limits its fresh controllers give (used while the
+scope has no stored state), its slot delay, quota and window.
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "ACQUIRE",
-    "COMMON",
-    "CONTROLLERS",
-    "KEYS_PER_SCOPE",
-    "POLICY_FIELDS",
-    "RELEASE",
-    "RENEW",
-    "STATE",
-]
+__all__ = ["ACQUIRE", "KEYS_PER_SCOPE", "RELEASE", "RENEW", "STATE", "SYNC"]
 
 #: Keys per scope in ``KEYS`` (leases, state, slots, quota log, quota costs, waiters).
 KEYS_PER_SCOPE = 6
-#: Numbers per scope policy in ``ARGV``.
-POLICY_FIELDS = 19
 
-#: Helpers every script starts with: the clock, policies, state, effective limits, quota.
-COMMON = r"""
+#: Helpers every script starts with: the clock, policies, state, quota.
+_COMMON = r"""
 local INF = math.huge
 
 local function f(x) return string.format('%.3f', x) end
 local function g(x) return string.format('%.17g', x) end
 
-local function now_ms()
+local function clock()
+  if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 end
 
-local function read_policy(b)
-  local a = ARGV
-  return {
-    conc = tonumber(a[b]), delay = tonumber(a[b + 1]), slot = tonumber(a[b + 2]),
-    jlow = tonumber(a[b + 3]), jhigh = tonumber(a[b + 4]), quota = tonumber(a[b + 5]),
-    window = tonumber(a[b + 6]), bon = tonumber(a[b + 7]), bfactor = tonumber(a[b + 8]),
-    bmin = tonumber(a[b + 9]), bmax = tonumber(a[b + 10]), bwin = tonumber(a[b + 11]),
-    bcf = tonumber(a[b + 12]), bjlow = tonumber(a[b + 13]), bjhigh = tonumber(a[b + 14]),
-    aton = tonumber(a[b + 15]), atstart = tonumber(a[b + 16]), atmax = tonumber(a[b + 17]),
-    attarget = tonumber(a[b + 18]),
-  }
+local function split(text)
+  local v = {}
+  for item in string.gmatch(text, '[^,]+') do v[#v + 1] = item end
+  return v
 end
 
-local NUMERIC = {'next', 'level', 'step', 'bconc', 'bbase', 'blk', 'lsat', 'stepat', 'bad',
-                 'calm', 'forgot', 'pace', 'paceu', 'last', 'turn'}
+-- A packed policy (times in seconds): fingerprint, then the limits its fresh
+-- controllers give (delay, conc, blk, jl, jh, due), then slot delay, quota
+-- (-1 = none) and window. Times come out in ms.
+local function read_policy(text)
+  local v = split(text)
+  return {fp = v[1], delay_text = v[2], delay = tonumber(v[2]) * 1000, conc = tonumber(v[3]),
+          blk = tonumber(v[4]) * 1000, jl = tonumber(v[5]), jh = tonumber(v[6]),
+          due = tonumber(v[7]) * 1000, slot = tonumber(v[8]) * 1000, quota = tonumber(v[9]),
+          window = tonumber(v[10]) * 1000}
+end
 
--- A scope's state; absent numbers are 0 (times: "never"), good = -1 is "none known".
+-- The scope's bookkeeping and the limits in force: those its controllers
+-- stored, or (none stored yet) those the policy's fresh controllers give.
 local function load_state(key, p)
-  local v = redis.call('HMGET', key, 'next', 'level', 'step', 'bconc', 'bbase', 'blk', 'lsat',
-                       'stepat', 'bad', 'calm', 'forgot', 'pace', 'paceu', 'last', 'turn', 'good',
-                       'at', 'lsig', 'factor')
-  local st = {}
-  for i = 1, #NUMERIC do st[NUMERIC[i]] = tonumber(v[i]) or 0 end
-  st.good = tonumber(v[16]) or -1
-  st.at = tonumber(v[17])
-  st.lsig = v[18] or ''
-  st.factor = tonumber(v[19]) or 1
-  if st.at == nil and p.aton == 1 then st.at = math.max(p.delay, p.atstart) end
+  local v = redis.call('HMGET', key, 'next', 'last', 'factor', 'turn', 'ver', 'fp', 'delay',
+                       'conc', 'blk', 'jl', 'jh', 'due')
+  local st = {next = tonumber(v[1]), last = tonumber(v[2]), factor = tonumber(v[3]) or 1,
+              turn = tonumber(v[4]) or 0, ver = tonumber(v[5]) or 0}
+  if st.ver > 0 then
+    st.fp, st.delay_text, st.delay = v[6], v[7], tonumber(v[7]) * 1000
+    st.conc, st.blk = tonumber(v[8]), tonumber(v[9]) * 1000
+    st.jl, st.jh, st.due = tonumber(v[10]), tonumber(v[11]), tonumber(v[12]) * 1000
+  else
+    st.fp, st.delay_text, st.delay, st.conc, st.blk = p.fp, p.delay_text, p.delay, p.conc, p.blk
+    st.jl, st.jh, st.due = p.jl, p.jh, p.due
+  end
   return st
 end
 
-local function save_state(key, st, now, ttl)
-  redis.call('HSET', key, 'next', f(st.next), 'level', st.level, 'step', g(st.step),
-             'bconc', st.bconc, 'bbase', st.bbase, 'blk', f(st.blk), 'lsat', f(st.lsat),
-             'stepat', f(st.stepat), 'bad', g(st.bad), 'good', g(st.good), 'calm', st.calm,
-             'forgot', st.forgot, 'pace', g(st.pace), 'paceu', f(st.paceu), 'lsig', st.lsig,
-             'last', f(st.last), 'turn', f(st.turn), 'factor', g(st.factor))
-  if st.at ~= nil then redis.call('HSET', key, 'at', g(st.at)) end
-  local keep = math.max(ttl, st.blk - now, st.next - now, st.paceu - now, st.turn - now)
+local function keep_state(key, st, now, ttl)
+  local keep = math.max(ttl, st.blk - now, (st.next or 0) - now, st.turn - now)
   redis.call('PEXPIRE', key, math.ceil(keep) + 1000)
+end
+
+-- What the controllers of a scope need to run: {index, in flight, version,
+-- states, delay (s), concurrency, fingerprint}.
+local function controller_state(i, key, st, inflight)
+  local ctl = ''
+  if st.ver > 0 then ctl = redis.call('HGET', key, 'ctl') or '' end
+  return {i, inflight, st.ver, ctl, st.delay_text, st.conc, st.fp}
+end
+
+-- Store what the controllers produced (limits in seconds: fp, delay, conc,
+-- blk, jl, jh, due). A new delay applies from the last send, with the jitter
+-- drawn then. Empty limits: only the version was checked, nothing changes.
+local function write_state(key, st, limits, ctl, now, ttl)
+  if limits == '' then return end
+  local v = split(limits)
+  local delay = tonumber(v[2]) * 1000
+  if st.next ~= nil and delay ~= st.delay then
+    st.next = st.next + (delay - st.delay) * st.factor
+    redis.call('HSET', key, 'next', f(st.next))
+  end
+  st.ver = st.ver + 1
+  st.delay, st.conc, st.blk = delay, tonumber(v[3]), tonumber(v[4]) * 1000
+  redis.call('HSET', key, 'ver', st.ver, 'ctl', ctl, 'fp', v[1], 'delay', v[2], 'conc', v[3],
+             'blk', v[4], 'jl', v[5], 'jh', v[6], 'due', v[7])
+  keep_state(key, st, now, ttl)
 end
 
 -- The key expires with its last lease.
 local function expire_leases(key, now)
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if last[2] then redis.call('PEXPIRE', key, math.ceil(tonumber(last[2]) - now) + 1000) end
-end
-
--- Effective limits: the policy moved by backoff and AutoThrottle (ledger.refresh()).
-local function effective(st, p)
-  local delay, conc, jl, jh, blk = p.delay, p.conc, p.jlow, p.jhigh, 0
-  if p.bon > 0 then
-    local bd = math.max(st.step, st.pace)
-    if bd > delay then delay = bd end
-    if st.level > 0 then jl, jh = p.bjlow, p.bjhigh end
-    if st.bconc > 0 and (conc == 0 or st.bconc < conc) then conc = st.bconc end
-    blk = st.blk
-  end
-  if p.aton == 1 and st.at ~= nil and st.at > delay then delay = st.at end
-  return delay, conc, jl, jh, blk
 end
 
 -- Live quota used in the window; forgets entries that left it.
@@ -154,7 +158,7 @@ local function quota_used(Q, C, window, now)
   return used
 end
 
--- When `cost` more fits in the quota (-INF: now; ledger._quota_ready()).
+-- When `cost` more fits in the quota (-INF: now; ScopeLedger._quota_ready()).
 local function quota_ready(Q, C, cost, quota, window, now)
   local excess = quota_used(Q, C, window, now) + cost - quota
   if excess <= 1e-9 then return -INF end
@@ -174,155 +178,29 @@ local function quota_ready(Q, C, cost, quota, window, now)
 end
 """
 
-#: Backoff and AutoThrottle, on a scope's state table (times in ms).
-CONTROLLERS = r"""
-local function backoff_active(st) return st.level > 0 or st.bconc > 0 end
-
--- A quiet window passed: one step toward the policy (BackoffState._step_back).
-local function step_back(st, p, now)
-  local old = st.step
-  st.stepat = now
-  if st.bconc > 0 then
-    local raised = math.max(st.bconc + 1, math.floor(st.bconc / p.bcf))
-    local ceiling = p.conc
-    if ceiling == 0 then ceiling = st.bbase end
-    if ceiling > 0 and raised >= ceiling then
-      st.bconc = 0
-      st.bbase = 0
-    else
-      st.bconc = raised
-    end
-  else
-    if st.good < 0 or old < st.good then st.good = old end
-    local floor = p.delay
-    local target
-    if st.bad > floor then
-      target = (old + st.bad) / 2
-      if old - target < 0.025 * old then
-        st.calm = st.calm + 1
-        if st.calm >= 10 then
-          st.calm = 0
-          if st.forgot == 1 then st.bad = floor else st.bad = st.bad / p.bfactor end
-          st.forgot = 1
-        end
-        return
-      end
-    else
-      target = old / p.bfactor
-    end
-    if target <= floor or target < 10 then target = 0 end
-    st.step = target
-  end
-  st.level = math.max(1, st.level - 1)
-  if st.step == 0 and st.bconc == 0 then
-    st.level = 0
-    st.bad = 0
-    st.good = -1
-    st.calm = 0
-  end
-end
-
--- A backoff signal (BackoffState._step_up); `enforced` is the delay that was
--- in force (policy, AutoThrottle, pace, backoff).
-local function step_up(st, p, now, inflight, enforced)
-  local old = st.step
-  local in_force = math.max(old, enforced)
-  if st.level > 0 and old >= p.bmax then
-    local base = st.bconc
-    if base == 0 then base = p.conc end
-    if base == 0 then base = math.max(1, inflight) end
-    if st.bbase == 0 then st.bbase = base end
-    st.bconc = math.max(1, math.floor(base * p.bcf))
-  else
-    local stepped
-    if old == 0 then
-      st.bad = in_force
-      stepped = math.max(p.bmin, in_force * p.bfactor)
-    elseif st.good >= 0 and in_force < st.good then
-      st.bad = math.max(st.bad, in_force)
-      stepped = st.good
-    elseif st.good >= 0 then
-      stepped = in_force * (1 + (p.bfactor - 1) / 8)
-      st.good = -1
-    else
-      st.bad = math.max(st.bad, in_force)
-      stepped = in_force * p.bfactor
-    end
-    st.step = math.min(p.bmax, stepped)
-  end
-  st.level = st.level + 1
-  st.calm = 0
-  st.forgot = 0
-  st.stepat = now
-end
-
--- A send at `now` (BackoffState.on_send).
-local function on_send(st, p, now)
-  if p.bon == 0 then return end
-  if backoff_active(st) and now - math.max(st.lsat, st.stepat) >= p.bwin then
-    step_back(st, p, now)
-  end
-  if st.pace > 0 and now >= st.paceu then
-    st.pace = 0
-    st.paceu = 0
-  end
-end
-
--- Feedback at `now` (BackoffState.on_feedback, AutoThrottleState.on_feedback).
--- fb: signal (0/1), name, sent, hwait (-1 none), pace (-1 none), pacefor,
---     latency (-1 none), status (0 none), adjust (0/1)
-local function on_feedback(st, p, now, fb, inflight)
-  local enforced = effective(st, p)
-  if p.bon > 0 then
-    if fb.hwait > 0 then st.blk = math.max(st.blk, now + math.min(fb.hwait, p.bmax)) end
-    if fb.pace >= 0 then
-      st.pace = math.min(fb.pace, p.bmax)
-      st.paceu = now + math.min(fb.pacefor, p.bmax)
-    end
-    if fb.signal == 0 then
-      if backoff_active(st) and now - math.max(st.lsat, st.stepat) >= p.bwin then
-        step_back(st, p, now)
-      end
-    else
-      st.lsig = fb.name
-      st.lsat = now
-      if p.bon == 1 and fb.sent > st.stepat then step_up(st, p, now, inflight, enforced) end
-    end
-  end
-  if p.aton == 1 and fb.latency >= 0 and fb.status > 0 and fb.adjust == 1 then
-    local old = st.at
-    local target = fb.latency / p.attarget
-    local new = math.max(target, (old + target) / 2)
-    new = math.min(math.max(p.delay, new), p.atmax)
-    if fb.status ~= 200 and new <= old then new = old end
-    st.at = new
-  end
-end
-"""
-
 #: Try to take a lease on every scope at once.
 #:
-#: KEYS: six per scope, then the lease's tombstone (``{prefix:first scope}:X:<lease id>``).
-#: ARGV: lease id, lease ms, reserve-ahead ms, state ttl ms, release recheck ms,
-#: number of scopes, the turn this caller was given last (ms, 0 = none; a value
-#: Redis handed out, not a client clock); then per scope: cost, a uniform random number in [0, 1)
-#: for the jitter, and the policy. Replies ``{1, wait_ms, send_at_ms, now_ms}`` (granted:
-#: send after ``wait_ms``) or ``{0, wait_ms, scope_index, reason, now_ms[, turn_ms]}`` with reason
-#: 1 = concurrency full (wait for a release or the earliest lease expiry),
-#: 2 = delay, slot delay, quota or server block (try again after ``wait_ms``),
-#: 3 = this lease id was handed back already (its caller gave up).
+#: ARGV: clock, lease id, settings (``lease ms,reserve-ahead ms,state ttl
+#: ms,release recheck ms``), the turn this caller was given last (ms, 0 =
+#: none; a value Redis handed out, not a client clock); then per scope: cost,
+#: a uniform random number in [0, 1) for the jitter, and the packed policy.
+#: Replies ``{1, wait_ms, send_at_ms, now_ms, <controller states>...}``
+#: (granted: send after ``wait_ms``; the states, seven values each, of the
+#: scopes whose controllers must run ``on_send`` now, see
+#: ``controller_state``) or ``{0, wait_ms, scope_index, reason, now_ms[,
+#: turn_ms]}`` with reason 1 = concurrency full (wait for a release or the
+#: earliest lease expiry), 2 = delay, slot delay, quota or server block (try
+#: again after ``wait_ms``), 3 = this lease id was handed back already.
 ACQUIRE = (
-    COMMON
-    + CONTROLLERS
+    _COMMON
     + r"""
-local now = now_ms()
-local lease_id = ARGV[1]
-local lease_ms = tonumber(ARGV[2])
-local reserve = tonumber(ARGV[3])
-local ttl = tonumber(ARGV[4])
-local recheck = tonumber(ARGV[5])
-local n = tonumber(ARGV[6])
-local myturn = tonumber(ARGV[7])
+local now = clock()
+local lease_id = ARGV[2]
+local settings = split(ARGV[3])
+local lease_ms, reserve = tonumber(settings[1]), tonumber(settings[2])
+local ttl, recheck = tonumber(settings[3]), tonumber(settings[4])
+local myturn = tonumber(ARGV[4])
+local n = (#ARGV - 4) / 3
 
 -- A call that its caller gave up on (cancelled while the request was on its
 -- way) and that arrives after the hand-back must not grant anything.
@@ -339,27 +217,26 @@ local ready, blocker = now, 1
 local pacing = 0
 for i = 1, n do
   local k = (i - 1) * 6
-  local b = 8 + (i - 1) * 21
+  local b = 5 + (i - 1) * 3
   local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
              C = KEYS[k + 5], cost = tonumber(ARGV[b]), u = tonumber(ARGV[b + 1])}
-  local p = read_policy(b + 2)
+  local p = read_policy(ARGV[b + 2])
   s.p = p
   redis.call('ZREMRANGEBYSCORE', s.L, '-inf', f(now))
   s.inflight = redis.call('ZCARD', s.L)
-  s.st = load_state(s.S, p)
-  local blk
-  s.delay, s.conc, s.jl, s.jh, blk = effective(s.st, p)
-  if s.conc > 0 and s.inflight >= s.conc then
+  local st = load_state(s.S, p)
+  s.st = st
+  if st.conc > 0 and s.inflight >= st.conc then
     local first = redis.call('ZRANGE', s.L, 0, 0, 'WITHSCORES')
     local wait = tonumber(first[2]) - now
     redis.call('SET', KEYS[k + 6], '1', 'PX', math.ceil(recheck) + 1000)
     return {0, f(wait), i, 1, f(now)}
   end
-  local r = math.max(s.st.next, blk)
+  local r = math.max(st.next or -INF, st.blk)
   s.nslots = 0
-  if p.slot > 0 and s.conc > 0 then
+  if p.slot > 0 and st.conc > 0 then
     s.nslots = redis.call('ZCARD', s.T)
-    if s.nslots > 0 and s.nslots >= s.conc - s.inflight then
+    if s.nslots > 0 and s.nslots >= st.conc - s.inflight then
       local first = redis.call('ZRANGE', s.T, 0, 0, 'WITHSCORES')
       r = math.max(r, tonumber(first[2]) + p.slot)
     end
@@ -371,7 +248,7 @@ for i = 1, n do
     ready = r
     blocker = i
   end
-  if s.delay > pacing then pacing = s.delay end
+  if st.delay > pacing then pacing = st.delay end
   scopes[i] = s
 end
 
@@ -384,35 +261,41 @@ if ready - now > reserve then
   -- reservation: whoever asks first when a send is due gets it). A worker
   -- wakes `reserve` ms before its turn, so its next attempt can reserve it.
   -- A worker that comes for its turn and finds the send moved by less than a
-  -- delay (someone before it was late) keeps its place: it comes back for
-  -- that send instead of queueing behind everyone again.
+  -- delay (someone before it was late) keeps its place.
   local s = scopes[blocker]
+  local st = s.st
   local turn = ready
   if not (myturn > 0 and ready <= myturn + pacing) then
-    if s.delay > 0 and s.st.turn + s.delay > turn then turn = s.st.turn + s.delay end
+    if st.delay > 0 and st.turn + st.delay > turn then turn = st.turn + st.delay end
   end
-  if turn > s.st.turn then
-    s.st.turn = turn
-    save_state(s.S, s.st, now, ttl)
+  if turn > st.turn and turn < INF then
+    st.turn = turn
+    redis.call('HSET', s.S, 'turn', f(turn))
+    keep_state(s.S, st, now, ttl)
   end
   return {0, f(math.max(0, turn - now - reserve)), blocker, 2, f(now), f(turn)}
 end
 
 local t = math.max(now, ready)
+local reply = {1, f(t - now), f(t), f(now)}
 for i = 1, n do
   local s = scopes[i]
-  local p = s.p
+  local st = s.st
   redis.call('ZADD', s.L, f(t + lease_ms), lease_id)
   expire_leases(s.L, now)
-  local st = s.st
-  if s.jl ~= s.jh then st.factor = 1 + s.jl + s.u * (s.jh - s.jl) else st.factor = 1 + s.jl end
+  st.factor = 1 + st.jl
+  if st.jl ~= st.jh then st.factor = 1 + (st.jl + (st.jh - st.jl) * s.u) end
   st.last = t
-  st.next = t + s.delay * st.factor
-  if s.nslots > 0 and s.nslots >= s.conc - s.inflight then redis.call('ZPOPMIN', s.T) end
-  on_send(st, p, t)
-  local delay = effective(st, p)
-  if delay ~= s.delay then st.next = t + delay * st.factor end
-  save_state(s.S, s.st, now, ttl)
+  st.next = t + st.delay * st.factor
+  if s.nslots > 0 and s.nslots >= st.conc - s.inflight then redis.call('ZPOPMIN', s.T) end
+  redis.call('HSET', s.S, 'next', f(st.next), 'last', f(t), 'factor', g(st.factor))
+  keep_state(s.S, st, now, ttl)
+  if t >= st.due or st.fp ~= s.p.fp then
+    -- The controllers must see this send (or rerun with this caller's policy).
+    local state = controller_state(i, s.S, st, s.inflight + 1)
+    for m = 1, #state do reply[#reply + 1] = state[m] end
+  end
+  local p = s.p
   if p.quota >= 0 then
     redis.call('ZADD', s.Q, f(t), lease_id)
     redis.call('HSET', s.C, lease_id, g(s.cost))
@@ -422,84 +305,127 @@ for i = 1, n do
     redis.call('PEXPIRE', s.C, keep)
   end
 end
-return {1, f(t - now), f(t), f(now)}
+return reply
 """
 )
 
-#: Hand a lease back, with the feedback of its request.
+#: Store what the controllers produced after a send (their ``on_send``), if
+#: nobody wrote the scope since it was read.
 #:
-#: KEYS: as for :data:`ACQUIRE`.
-#: ARGV: lease id, send time ms, used (1 = sent, 0 = never sent: refund its
-#: quota), header wait ms (-1), pace ms (-1), pace-for ms, latency ms (-1),
-#: status (0 = none), adjust (0/1), signal name, channel, state ttl ms, number
-#: of scopes; then per scope: scope name, consumed cost (-1 = as declared),
-#: backoff signal (1, 0, or -1 = no feedback for this scope) and the policy.
-#: Replies the number of scopes where the lease was still valid (fewer than
-#: the scopes: it had expired).
-RELEASE = (
-    COMMON
-    + CONTROLLERS
+#: ARGV: clock, state ttl ms, then per scope: the packed policy, the version
+#: read, the new limits (``fp,delay,conc,blk,jl,jh,due``) and the states
+#: (JSON); an empty version skips the scope. Replies ``{now_ms, <controller
+#: states>...}``: nothing more if every write was made, else the current
+#: state of each scope whose version had moved (none of those is written).
+SYNC = (
+    _COMMON
     + r"""
-local now = now_ms()
-local lease_id = ARGV[1]
-local used = tonumber(ARGV[3])
-local fb = {sent = tonumber(ARGV[2]), hwait = tonumber(ARGV[4]), pace = tonumber(ARGV[5]),
-            pacefor = tonumber(ARGV[6]), latency = tonumber(ARGV[7]), status = tonumber(ARGV[8]),
-            adjust = tonumber(ARGV[9]), name = ARGV[10]}
-local channel = ARGV[11]
-local ttl = tonumber(ARGV[12])
-local n = tonumber(ARGV[13])
-local found = 0
+local now = clock()
+local ttl = tonumber(ARGV[2])
+local n = (#ARGV - 2) / 4
+local reply = {f(now)}
 for i = 1, n do
   local k = (i - 1) * 6
-  local L, S, T, Q, C, W = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
-                           KEYS[k + 6]
-  local b = 14 + (i - 1) * 22
-  local name = ARGV[b]
-  local consumed = tonumber(ARGV[b + 1])
-  fb.signal = tonumber(ARGV[b + 2])
-  local p = read_policy(b + 3)
-  local expiry = tonumber(redis.call('ZSCORE', L, lease_id))
-  local removed = redis.call('ZREM', L, lease_id)
+  local b = 3 + (i - 1) * 4
+  if ARGV[b + 1] ~= '' then
+    local st = load_state(KEYS[k + 2], read_policy(ARGV[b]))
+    if st.ver == tonumber(ARGV[b + 1]) then
+      write_state(KEYS[k + 2], st, ARGV[b + 2], ARGV[b + 3], now, ttl)
+    else
+      local inflight = redis.call('ZCOUNT', KEYS[k + 1], '(' .. f(now), '+inf')
+      local state = controller_state(i, KEYS[k + 2], st, inflight)
+      for m = 1, #state do reply[#reply + 1] = state[m] end
+    end
+  end
+end
+return reply
+"""
+)
+
+#: Hand a lease back, after storing what the controllers made of its feedback.
+#:
+#: ARGV: clock, lease id, send time ms, used (1 = sent, 0 = never sent: refund
+#: its quota), channel, state ttl ms; then per scope: scope name, consumed
+#: cost (-1 = as declared), want (0 = no feedback for this scope, 1 = feedback:
+#: its controllers must run if it has stored state, 2 = they must run), the
+#: packed policy, the version read ('' = nothing to write), the new limits
+#: and the states.
+#:
+#: The controllers run before the release, as they would in memory (feedback
+#: comes while the request is in flight): if a scope that wants feedback
+#: carries no write, or a write's version moved, nothing changes and the
+#: reply is ``{0, now_ms, <controller states>...}`` (run them, then call
+#: again). Otherwise every write is stored, the lease released, and the reply
+#: is ``{1, now_ms, found}``, ``found`` the number of scopes where the lease
+#: was still valid (fewer than the scopes: it had expired).
+RELEASE = (
+    _COMMON
+    + r"""
+local now = clock()
+local lease_id = ARGV[2]
+local sent = tonumber(ARGV[3])
+local used = tonumber(ARGV[4])
+local channel = ARGV[5]
+local ttl = tonumber(ARGV[6])
+local n = (#ARGV - 6) / 7
+local scopes = {}
+local pending = {f(now)}
+for i = 1, n do
+  local k = (i - 1) * 6
+  local b = 7 + (i - 1) * 7
+  local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
+             C = KEYS[k + 5], W = KEYS[k + 6], name = ARGV[b],
+             consumed = tonumber(ARGV[b + 1]), want = tonumber(ARGV[b + 2]),
+             p = read_policy(ARGV[b + 3]), ver = ARGV[b + 4], limits = ARGV[b + 5],
+             ctl = ARGV[b + 6]}
+  s.st = load_state(s.S, s.p)
+  local stale
+  if s.ver ~= '' then
+    stale = s.st.ver ~= tonumber(s.ver)
+  else
+    stale = s.want == 2 or (s.want == 1 and s.st.ver > 0)
+  end
+  if stale then
+    local inflight = redis.call('ZCOUNT', s.L, '(' .. f(now), '+inf')
+    local state = controller_state(i, s.S, s.st, inflight)
+    for m = 1, #state do pending[#pending + 1] = state[m] end
+  end
+  scopes[i] = s
+end
+if #pending > 1 then return {0, unpack(pending)} end
+
+local found = 0
+for i = 1, n do
+  local s = scopes[i]
+  local st = s.st
+  if s.ver ~= '' then write_state(s.S, st, s.limits, s.ctl, now, ttl) end
+  local expiry = tonumber(redis.call('ZSCORE', s.L, lease_id))
+  local removed = redis.call('ZREM', s.L, lease_id)
   if expiry and expiry > now then found = found + 1 end
-  redis.call('ZREMRANGEBYSCORE', L, '-inf', f(now))
-  local inflight = redis.call('ZCARD', L)
-  if used == 1 and fb.signal >= 0 then
-    local st = load_state(S, p)
-    local before = effective(st, p)
-    on_feedback(st, p, now, fb, inflight + removed)
-    local after = effective(st, p)
-    if after ~= before and st.last > 0 then
-      -- A new delay applies from the last send, with the jitter drawn then.
-      st.next = st.last + after * st.factor
-    end
-    save_state(S, st, now, ttl)
-  end
-  if used == 1 and removed == 1 and p.slot > 0 then
+  redis.call('ZREMRANGEBYSCORE', s.L, '-inf', f(now))
+  if used == 1 and removed == 1 and s.p.slot > 0 and st.conc > 0 then
     -- The freed slot remembers its send time (ScopeLedger.release()).
-    local _, conc = effective(load_state(S, p), p)
-    if conc > 0 then
-      redis.call('ZADD', T, f(fb.sent), lease_id)
-      local extra = redis.call('ZCARD', T) - math.max(0, conc - inflight)
-      if extra > 0 then redis.call('ZPOPMIN', T, extra) end
-      if redis.call('EXISTS', T) == 1 then
-        redis.call('PEXPIRE', T, math.ceil(math.max(0, fb.sent + p.slot - now)) + 1000)
-      end
+    local inflight = redis.call('ZCARD', s.L)
+    redis.call('ZADD', s.T, f(sent), lease_id)
+    local extra = redis.call('ZCARD', s.T) - math.max(0, st.conc - inflight)
+    if extra > 0 then redis.call('ZPOPMIN', s.T, extra) end
+    if redis.call('EXISTS', s.T) == 1 then
+      redis.call('PEXPIRE', s.T, math.ceil(math.max(0, sent + s.p.slot - now)) + 1000)
     end
   end
-  if p.quota >= 0 then
+  if s.p.quota >= 0 then
     local actual = -1
-    if used == 0 then actual = 0 elseif consumed >= 0 then actual = consumed end
+    if used == 0 then actual = 0 elseif s.consumed >= 0 then actual = s.consumed end
     if actual >= 0 then
-      local old = tonumber(redis.call('HGET', C, lease_id))
+      local old = tonumber(redis.call('HGET', s.C, lease_id))
       if old then
-        redis.call('HSET', C, lease_id, g(actual))
-        redis.call('HINCRBYFLOAT', C, '=', g(actual - old))
+        redis.call('HSET', s.C, lease_id, g(actual))
+        redis.call('HINCRBYFLOAT', s.C, '=', g(actual - old))
       end
     end
   end
-  if removed == 1 and redis.call('EXISTS', W) == 1 then
-    redis.call('PUBLISH', channel, name)
+  if removed == 1 and redis.call('EXISTS', s.W) == 1 then
+    redis.call('PUBLISH', channel, s.name)
   end
 end
 if used == 0 and found == 0 then
@@ -507,18 +433,18 @@ if used == 0 and found == 0 then
   -- its way, it must not grant (see ACQUIRE).
   redis.call('SET', KEYS[#KEYS], '1', 'PX', 60000)
 end
-return found
+return {1, f(now), found}
 """
 )
 
-#: Extend a lease: ARGV lease id, lease ms; KEYS the lease sets of its scopes.
-#: Replies how many scopes still held it.
+#: Extend a lease: ARGV clock, lease id, lease ms; KEYS the lease sets of its
+#: scopes. Replies how many scopes still held it.
 RENEW = (
-    COMMON
+    _COMMON
     + r"""
-local now = now_ms()
-local lease_id = ARGV[1]
-local lease_ms = tonumber(ARGV[2])
+local now = clock()
+local lease_id = ARGV[2]
+local lease_ms = tonumber(ARGV[3])
 local count = 0
 for i = 1, #KEYS do
   local score = tonumber(redis.call('ZSCORE', KEYS[i], lease_id))
@@ -532,19 +458,17 @@ return count
 """
 )
 
-#: Read one scope without changing it: KEYS its six keys, ARGV its policy.
-#: Replies now, in flight, effective delay, effective concurrency (0 =
-#: unlimited), blocked until, next send, backoff level, last signal, last
-#: signal time, quota used (all times in ms).
+#: Read one scope without changing it: KEYS its six keys, ARGV clock and its
+#: packed policy. Replies now, in flight, next send, quota used, then its
+#: controller state (see ``controller_state``) and blocked until.
 STATE = (
-    COMMON
+    _COMMON
     + r"""
-local now = now_ms()
-local p = read_policy(1)
+local now = clock()
+local p = read_policy(ARGV[2])
 local L, S, Q, C = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
 local inflight = redis.call('ZCOUNT', L, '(' .. f(now), '+inf')
 local st = load_state(S, p)
-local delay, conc, _, _, blk = effective(st, p)
 local used = 0
 if p.quota >= 0 then
   used = tonumber(redis.call('HGET', C, '=')) or 0
@@ -556,7 +480,10 @@ if p.quota >= 0 then
     for m = 1, #chunk do used = used - (tonumber(costs[m]) or 0) end
   end
 end
-return {f(now), inflight, g(delay), conc, f(blk), f(st.next), st.level, st.lsig, f(st.lsat),
-        g(math.max(0, used))}
+local reply = {f(now), inflight, f(st.next or -1), g(math.max(0, used))}
+local state = controller_state(1, S, st, inflight)
+for m = 1, #state do reply[#reply + 1] = state[m] end
+reply[#reply + 1] = g(st.blk)
+return reply
 """
 )

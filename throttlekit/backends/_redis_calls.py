@@ -1,0 +1,332 @@
+"""The Redis backend's round trips: the scripts called with their arguments, replies read.
+
+:class:`ScriptCalls` turns a request into one ``ACQUIRE`` call (its
+arguments encoded once per scope and policy and cached), a grant whose send
+reached a controller's ``due`` time into a ``SYNC`` of the controllers'
+``on_send``, and a release into a ``RELEASE`` call, preceded by one that
+reads the controllers' state when its feedback needs them
+(:mod:`._redis_state` runs them). Every call is bounded in time; a grant
+whose reply was lost is handed back as soon as Redis answers again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+import attrs
+
+from . import _redis_scripts as scripts
+from ._redis_leases import RedisLease
+from ._redis_line import RELEASE_RECHECK
+from ._redis_link import UNAVAILABLE, Link, Script
+from ._redis_state import PolicyArgs, feedback_write, parse_states, send_write
+
+if TYPE_CHECKING:
+    from .._controller import Feedback
+    from .._policy import ScopePolicy
+    from .._scheduler import Ticket
+
+__all__ = ["ScriptCalls"]
+
+logger = logging.getLogger("throttlekit.backends.redis")
+
+INF: Final = math.inf
+SUFFIXES: Final = ("L", "S", "T", "Q", "C", "W")
+#: The least time a round trip gets, even when the caller's timeout is shorter (or 0).
+GRACE: Final = 0.25
+#: Tries of a version-checked write before the feedback is dropped (a busy scope).
+_WRITE_TRIES: Final = 8
+
+ACQUIRE = Script(scripts.ACQUIRE)
+SYNC = Script(scripts.SYNC)
+RELEASE = Script(scripts.RELEASE)
+RENEW = Script(scripts.RENEW)
+STATE = Script(scripts.STATE)
+
+
+def ms(seconds: float) -> bytes:
+    """Seconds as the milliseconds the scripts read."""
+    return repr(seconds * 1000.0).encode()
+
+
+class ScriptCalls:
+    """The scripts of one backend, called on its :class:`~._redis_link.Link`."""
+
+    def __init__(
+        self,
+        link: Link,
+        *,
+        prefix: str,
+        lease_time: float,
+        reserve_ahead: float,
+        state_ttl: float,
+        release_timeout: float,
+        command_timeout: float,
+        seed: int | None,
+    ) -> None:
+        self.link = link
+        self.prefix = prefix
+        self.lease_time = lease_time
+        self.release_timeout = release_timeout
+        self.command_timeout = command_timeout
+        self.channel = f"{prefix}:released".encode()
+        self.rng = random.Random(seed)
+        self._ids = itertools.count()
+        self._id_prefix = secrets.token_hex(6)
+        self._settings = b",".join(
+            ms(value) for value in (lease_time, reserve_ahead, state_ttl, RELEASE_RECHECK)
+        )
+        self._ttl = ms(state_ttl)
+        self._policy_args: dict[int, PolicyArgs] = {}
+        self._keys: dict[str, list[bytes]] = {}
+        self.orphans: list[RedisLease] = []  # grants whose reply was lost: to hand back
+        self.acquire_calls = self.grants = self.release_calls = self.sync_calls = 0
+        self.offset = -INF  # a lower bound of (Redis clock - limiter clock), seconds
+        self._offset_at = 0.0
+        #: Virtual time for the scripts (Redis-clock seconds), for tests; None = Redis's TIME.
+        self.clock: Callable[[], float] | None = None
+
+    def __repr__(self) -> str:
+        return f"<ScriptCalls {self.prefix!r} orphans={len(self.orphans)}>"
+
+    # -- arguments -----------------------------------------------------------------
+
+    def args(self, policy: ScopePolicy) -> PolicyArgs:
+        """``policy`` as the scripts read it (cached per policy object)."""
+        cached = self._policy_args.get(id(policy))
+        if cached is not None and cached.policy is policy:
+            return cached
+        if len(self._policy_args) > 4096:
+            self._policy_args.clear()
+        args = self._policy_args[id(policy)] = PolicyArgs.of(policy)
+        return args
+
+    def scope_keys(self, scope: str) -> list[bytes]:
+        """The keys of ``scope`` (cached)."""
+        keys = self._keys.get(scope)
+        if keys is None:
+            if len(self._keys) > 4096:
+                self._keys.clear()
+            tag = ("{" + self.prefix + ":" + scope + "}:").encode()
+            keys = self._keys[scope] = [tag + suffix.encode() for suffix in SUFFIXES]
+        return keys
+
+    def now_arg(self) -> bytes:
+        return b"" if self.clock is None else ms(self.clock())
+
+    async def call(
+        self, script: Script, keys: Sequence[bytes], args: Sequence[Any], deadline: float
+    ) -> Any:
+        """One round trip, over after ``command_timeout`` or at ``deadline`` (at least 0.25 s).
+
+        :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
+        """
+        bound = min(self.command_timeout, max(deadline - anyio.current_time(), GRACE))
+        with anyio.fail_after(bound):
+            reply = await self.link.call(script, keys, args)
+        self.link.answered()
+        return reply
+
+    # -- acquiring -----------------------------------------------------------------
+
+    async def attempt(
+        self,
+        costs: dict[str, float],
+        policies: list[ScopePolicy],
+        gate: Ticket,
+        turn: Any,
+        deadline: float,
+    ) -> RedisLease | tuple[int, float, bool, Any]:
+        """One acquire round trip: a lease, or why not.
+
+        Not granted: ``(index of the blocking scope, seconds to wait, whether its
+        concurrency is full, the turn Redis gave)``. The lease keeps ``gate``;
+        if the call fails, the caller gives ``gate`` back.
+        """
+        if self.orphans:
+            await self.hand_back_orphans(deadline)
+        lease_id = f"{self._id_prefix}{next(self._ids):x}".encode()
+        keys: list[bytes] = []
+        args: list[Any] = [self.now_arg(), lease_id, self._settings, turn]
+        packed = []
+        rng = self.rng
+        for (scope, cost), policy in zip(costs.items(), policies, strict=True):
+            policy_args = self.args(policy)
+            packed.append(policy_args)
+            keys.extend(self.scope_keys(scope))
+            args += (repr(cost), repr(rng.random()), policy_args.packed)
+        keys.append(keys[0][:-1] + b"X:" + lease_id)  # the tombstone of a given-up call
+        lease = RedisLease(lease_id, costs, policies, keys, gate)
+        self.acquire_calls += 1
+        before = anyio.current_time()
+        try:
+            reply = await self.call(ACQUIRE, keys, args, deadline)
+        except BaseException as exc:
+            # The script may have run before the reply was lost: hand back the
+            # lease it may hold, now (cancelled) or once Redis answers again.
+            self.orphans.append(lease)
+            if not isinstance(exc, UNAVAILABLE):
+                with anyio.CancelScope(shield=True):
+                    await self.hand_back_orphans(INF, quiet=True)
+            raise
+        after = anyio.current_time()
+        wait = float(reply[1]) / 1000.0
+        if int(reply[0]) != 1:
+            self._sample_clock(float(reply[4]), after)
+            turn = reply[5] if len(reply) > 5 else 0.0
+            return int(reply[2]) - 1, wait, int(reply[3]) == 1, turn
+        self.grants += 1
+        send_at_ms = float(reply[2])
+        self._sample_clock(send_at_ms - wait * 1000.0, after)
+        # Send at the reserved time on Redis's clock, as well as this process
+        # can tell: never before it, and never later than a full round trip.
+        lease.send_at_ms = send_at_ms
+        lease.send_at = min(after + wait, max(before + wait, send_at_ms / 1000.0 - self.offset))
+        if len(reply) > 4:
+            try:
+                await self._run_on_send(lease, packed, reply[4:], deadline)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    if not await self.release(lease, None, None, used=False, quiet=True):
+                        self.orphans.append(lease)
+                raise
+        return lease
+
+    def _sample_clock(self, redis_now_ms: float, after: float) -> None:
+        """Keep a lower bound of (Redis clock - limiter clock), tightest over recent calls.
+
+        Redis read its clock before ``after``, so each call gives a lower bound;
+        the best one (the fastest round trip) wins, and old bounds are loosened
+        by 1 ms per second so that clock drift cannot make it wrong.
+        """
+        bound = redis_now_ms / 1000.0 - after
+        loosened = self.offset - 0.001 * (after - self._offset_at)
+        self.offset = max(bound, loosened)
+        self._offset_at = after
+
+    async def _run_on_send(
+        self, lease: RedisLease, policies: list[PolicyArgs], states: Sequence[Any], deadline: float
+    ) -> None:
+        """The send reached a controller's ``due`` time: run ``on_send`` and store the result."""
+        names = list(lease.scopes)
+        now = lease.send_at_ms / 1000.0
+        pending = parse_states(states)
+        for _ in range(_WRITE_TRIES):
+            writes = {}
+            for stored in pending:
+                write = send_write(names[stored.index], policies[stored.index], stored, now)
+                if write is not None:
+                    writes[stored.index] = write
+            if not writes:
+                return
+            args: list[Any] = [self.now_arg(), self._ttl]
+            for index, policy in enumerate(policies):
+                args += (policy.packed, *writes.get(index, ("", "", "")))
+            self.sync_calls += 1
+            try:
+                reply = await self.call(SYNC, lease.keys, args, deadline)
+            except UNAVAILABLE as exc:
+                logger.debug("could not store the controllers' state after a send: %r", exc)
+                return  # the next send finds them still due
+            pending = parse_states(reply[1:])
+            if not pending:
+                return
+
+    # -- releasing -----------------------------------------------------------------
+
+    async def hand_back_orphans(self, deadline: float, *, quiet: bool = False) -> None:
+        """Hand back grants whose acquire reply was lost.
+
+        :raises TimeoutError: if Redis is still away (unless ``quiet``).
+        """
+        while self.orphans:
+            lease = self.orphans[0]
+            if not await self.release(lease, None, None, used=False, quiet=True, deadline=deadline):
+                if quiet:
+                    return
+                raise TimeoutError("Redis did not take back an abandoned grant")
+            self.orphans.pop(0)
+
+    async def release(
+        self,
+        lease: RedisLease,
+        feedback: Feedback | None,
+        consumed: Mapping[str, float] | None,
+        *,
+        used: bool,
+        quiet: bool = False,
+        deadline: float = INF,
+    ) -> bool:
+        """The release round trip(s), with the controllers' feedback; whether Redis answered."""
+        deadline = min(deadline, anyio.current_time() + self.release_timeout)
+        names = list(lease.scopes)
+        packed = [self.args(policy) for policy in lease.policies]
+        if feedback is not None:
+            feedback = attrs.evolve(feedback, sent_at=lease.send_at_ms / 1000.0)
+        base: list[Any] = [
+            self.now_arg(),
+            lease.id,
+            repr(lease.send_at_ms),
+            b"1" if used else b"0",
+            self.channel,
+            self._ttl,
+        ]
+        fixed = []
+        for scope, policy_args in zip(names, packed, strict=True):
+            want = 0
+            only = None if feedback is None else feedback.scopes
+            if used and feedback is not None and (only is None or scope in only):
+                want = policy_args.wants(feedback)
+            amount = b"-1"
+            if consumed is not None and scope in consumed:
+                amount = repr(max(0.0, float(consumed[scope]))).encode()
+            fixed.append((scope.encode(), amount, str(want), policy_args.packed))
+        writes: dict[int, tuple[str, str, str]] = {}
+        now = None
+        try:
+            for _ in range(_WRITE_TRIES):
+                args = list(base)
+                for index, values in enumerate(fixed):
+                    args += (*values, *writes.get(index, ("", "", "")))
+                self.release_calls += 1
+                reply = await self.call(RELEASE, lease.keys, args, deadline)
+                if int(reply[0]) == 1:
+                    break
+                if now is None:
+                    now = float(reply[1]) / 1000.0  # the feedback's time: the first reading
+                assert feedback is not None
+                for stored in parse_states(reply[2:]):
+                    writes[stored.index] = feedback_write(
+                        names[stored.index], packed[stored.index], stored, feedback, now
+                    )
+            else:
+                logger.warning(
+                    "scopes %s changed under %d tries to store feedback; it was dropped",
+                    names,
+                    _WRITE_TRIES,
+                )
+                return True
+        except UNAVAILABLE as exc:
+            if not quiet:
+                logger.warning(
+                    "could not release a lease on Redis at %s (%s); it expires in %g s",
+                    self.link.location,
+                    "no reply in time" if isinstance(exc, TimeoutError) else type(exc).__name__,
+                    self.lease_time,
+                )
+            return False
+        if used and int(reply[2]) < len(names):
+            logger.warning(
+                "a lease on %s had expired before its release (held longer than "
+                "lease_time=%g s, or Redis lost it): raise lease_time or use keep_alive()",
+                sorted(names),
+                self.lease_time,
+            )
+        return True

@@ -1,0 +1,165 @@
+"""What the Redis backend grants, and what this process holds (for failing open).
+
+A :class:`RedisLease` is a lease id held in every scope's lease set in
+Redis; a :class:`LocalLease` is a grant of the limiter's in-memory ledgers
+while Redis is away. :class:`Holdings` counts both per scope, so that a
+process failing open keeps each scope's policy within itself: the leases it
+still holds in Redis count against the local grants.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .._errors import ThrottleTimeout
+
+if TYPE_CHECKING:
+    from .._controller import Feedback
+    from .._policy import ScopePolicy
+    from .._scheduler import Ticket
+
+__all__ = ["Holdings", "LocalLease", "RedisLease"]
+
+INF = math.inf
+
+
+class RedisLease:
+    """A grant from Redis: the lease id held in every scope's lease set."""
+
+    __slots__ = (
+        "consumed",
+        "feedback",
+        "gate",
+        "granted_at",
+        "id",
+        "keys",
+        "policies",
+        "released",
+        "scopes",
+        "send_at",
+        "send_at_ms",
+    )
+
+    def __init__(
+        self,
+        lease_id: bytes,
+        scopes: dict[str, float],
+        policies: list[ScopePolicy],
+        keys: list[bytes],
+        gate: Ticket,
+    ) -> None:
+        self.id = lease_id
+        self.scopes = scopes
+        self.policies = policies  # of the scopes, in order, at the grant
+        self.keys = keys
+        self.gate = gate  # the per-process global cap, held from grant to release
+        self.send_at_ms = 0.0  # on Redis's clock
+        self.send_at = 0.0  # on the limiter's clock
+        self.granted_at = -INF
+        self.released = False
+        self.feedback: Feedback | None = None
+        self.consumed: Mapping[str, float] | None = None
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "held"
+        return f"<RedisLease {self.id.decode()} {sorted(self.scopes)} {state}>"
+
+
+class LocalLease:
+    """A grant from the limiter's in-memory ledgers while Redis is unreachable."""
+
+    __slots__ = ("released", "ticket")
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        self.released = False
+
+    def __repr__(self) -> str:
+        return f"<LocalLease {self.ticket!r}>"
+
+    @property
+    def scopes(self) -> dict[str, float]:
+        return self.ticket.scopes
+
+    @property
+    def granted_at(self) -> float:
+        return self.ticket.granted_at
+
+
+class Holdings:
+    """The leases this process holds per scope, from Redis and from the local fallback."""
+
+    __slots__ = ("_changed", "_last_send", "held")
+
+    def __init__(self) -> None:
+        self.held: dict[str, int] = {}
+        self._last_send: dict[str, float] = {}
+        self._changed: anyio.Event | None = None
+
+    def __repr__(self) -> str:
+        return f"<Holdings {self.held}>"
+
+    def add(self, scopes: Iterable[str], sent_at: float = -INF) -> None:
+        held = self.held
+        for scope in scopes:
+            held[scope] = held.get(scope, 0) + 1
+            if sent_at > self._last_send.get(scope, -INF):
+                self._last_send[scope] = sent_at
+
+    def remove(self, scopes: Iterable[str]) -> None:
+        held = self.held
+        for scope in scopes:
+            count = held.get(scope, 0) - 1
+            if count > 0:
+                held[scope] = count
+            else:
+                held.pop(scope, None)
+                self._last_send.pop(scope, None)
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _room(self, costs: Mapping[str, float], policy: Callable[[str], ScopePolicy]) -> bool:
+        for scope in costs:
+            limit = policy(scope).concurrency
+            if limit is not None and self.held.get(scope, 0) >= limit:
+                return False
+        return True
+
+    async def claim(
+        self,
+        costs: Mapping[str, float],
+        policy: Callable[[str], ScopePolicy],
+        deadline: float,
+    ) -> None:
+        """Wait until this process holds less than each scope's concurrency, then count one more.
+
+        Also waits out each scope's delay after the last send of a lease still
+        held (the local ledgers do not know about sends granted by Redis).
+        """
+        while not self._room(costs, policy):
+            if self._changed is None:
+                self._changed = anyio.Event()
+            event = self._changed
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                await event.wait()
+                continue
+            raise ThrottleTimeout(f"no grant before the timeout for scopes {sorted(costs)}")
+        ready = max(
+            (self._last_send.get(scope, -INF) + policy(scope).delay for scope in costs),
+            default=-INF,
+        )
+        self.add(costs)
+        if ready > anyio.current_time():
+            try:
+                if ready > deadline:
+                    await anyio.sleep_until(deadline)
+                    raise ThrottleTimeout(f"no grant before the timeout for scopes {sorted(costs)}")
+                await anyio.sleep_until(ready)
+            except BaseException:
+                self.remove(costs)
+                raise

@@ -1,0 +1,251 @@
+"""The Redis backend's waiters in one process: their line per scope, and release wake-ups.
+
+Within a process, the waiters of a scope queue by priority, then arrival,
+and only the first of them asks Redis. A first-in-line waiter that Redis
+told to wait for a release sleeps until a release of its scope is published
+(one pub/sub subscription per backend, read by one of the waiting tasks:
+no background task) or until its own deadline.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+import anyio
+from redis import exceptions as redis_errors
+
+from ._redis_link import UNAVAILABLE
+
+__all__ = ["POLL_WITHOUT_PUBSUB", "RELEASE_RECHECK", "Waiter", "WaiterLine"]
+
+logger = logging.getLogger("throttlekit.backends.redis")
+
+#: Longest wait for a release before looking again (a safety net: releases
+#: normally wake waiters through pub/sub at once).
+RELEASE_RECHECK: Final = 5.0
+#: How often a waiter looks again when pub/sub is not permitted (ACLs).
+POLL_WITHOUT_PUBSUB: Final = 0.05
+
+
+class Waiter:
+    """One acquire() waiting in this process."""
+
+    __slots__ = ("event", "priority", "queue", "seq", "turn", "woken")
+
+    def __init__(self, priority: int, seq: int) -> None:
+        self.priority = priority
+        self.seq = seq
+        self.queue: str | None = None  # the scope whose line it stands in
+        self.event = anyio.Event()
+        self.woken = False
+        self.turn: bytes | float = 0.0  # the last turn Redis gave it (Redis clock, ms; 0 = none)
+
+    def __repr__(self) -> str:
+        return f"<Waiter #{self.seq} priority={self.priority} in line {self.queue!r}>"
+
+    def before(self, other: Waiter) -> bool:
+        return self.priority > other.priority or (
+            self.priority == other.priority and self.seq < other.seq
+        )
+
+
+class WaiterLine:
+    """The lines of this process's waiters, one per scope, and the pub/sub wake-ups."""
+
+    def __init__(self, client: Any, channel: str, location: str, subscribe_timeout: float) -> None:
+        self._client = client
+        self._channel = channel
+        self._location = location
+        self._subscribe_timeout = subscribe_timeout
+        self._seq = itertools.count()
+        self._ties = itertools.count()
+        self._queues: dict[str, list[tuple[int, int, int, Waiter]]] = {}
+        self._release_waiters: dict[Waiter, None] = {}
+        self._listener: Waiter | None = None
+        self._pubsub: Any = None
+        self._pubsub_denied = False
+        self._pubsub_lock: anyio.Lock | None = None
+        self.waiting = 0
+
+    def __repr__(self) -> str:
+        return f"<WaiterLine waiting={self.waiting} scopes={len(self._queues)}>"
+
+    def new(self, priority: int) -> Waiter:
+        return Waiter(priority, next(self._seq))
+
+    @property
+    def subscribed(self) -> bool:
+        return self._pubsub is not None
+
+    def may_subscribe(self) -> bool:
+        return self._pubsub is None and not self._pubsub_denied
+
+    def waiting_on(self, scope: str) -> int:
+        """This process's waiters in ``scope``'s line."""
+        return sum(1 for entry in self._queues.get(scope, ()) if entry[3].queue == scope)
+
+    def idle(self) -> bool:
+        """Nobody stands in any line."""
+        return not self._queues
+
+    # -- the lines -------------------------------------------------------------------
+
+    def top(self, scope: str) -> Waiter | None:
+        heap = self._queues.get(scope)
+        while heap:
+            waiter = heap[0][3]
+            if waiter.queue == scope:
+                return waiter
+            heapq.heappop(heap)
+        if heap is not None:
+            del self._queues[scope]
+        return None
+
+    def blocker(self, costs: Mapping[str, float], waiter: Waiter) -> str | None:
+        """A scope where another waiter of this process goes first."""
+        for scope in costs:
+            top = self.top(scope)
+            if top is not None and top is not waiter and top.before(waiter):
+                return scope
+        return None
+
+    def join(self, waiter: Waiter, scope: str) -> None:
+        if waiter.queue == scope:
+            return
+        self.leave(waiter)
+        waiter.queue = scope
+        entry = (-waiter.priority, waiter.seq, next(self._ties), waiter)
+        heapq.heappush(self._queues.setdefault(scope, []), entry)
+
+    def leave(self, waiter: Waiter) -> None:
+        scope = waiter.queue
+        if scope is None:
+            return
+        was_top = self.top(scope) is waiter
+        waiter.queue = None
+        if was_top:
+            top = self.top(scope)
+            if top is not None:
+                self._wake(top)
+
+    @staticmethod
+    def _wake(waiter: Waiter) -> None:
+        waiter.woken = True
+        waiter.event.set()
+
+    async def wait_in_line(self, waiter: Waiter, scope: str) -> None:
+        """Stand in ``scope``'s line until nobody of this process is ahead."""
+        self.join(waiter, scope)
+        while True:
+            top = self.top(scope)
+            if top is None or top is waiter:
+                return
+            waiter.woken = False
+            waiter.event = anyio.Event()
+            await waiter.event.wait()
+
+    async def wait_as_top(self, waiter: Waiter, deadline: float, on_release: bool) -> None:
+        """First in line: sleep until ``deadline`` or (``on_release``) a release of its scope."""
+        waiter.woken = False
+        if on_release:
+            self._release_waiters[waiter] = None
+        try:
+            while not waiter.woken:
+                now = anyio.current_time()
+                if now >= deadline:
+                    return
+                if on_release and self._listener is None and self._pubsub is not None:
+                    await self._listen(waiter, deadline)
+                    continue
+                waiter.event = anyio.Event()
+                with anyio.move_on_after(deadline - now):
+                    await waiter.event.wait()
+        finally:
+            self._release_waiters.pop(waiter, None)
+
+    # -- pub/sub -----------------------------------------------------------------------
+
+    async def subscribe(self, deadline: float) -> None:
+        """Subscribe to the release channel (within ``deadline``; raises if Redis is away)."""
+        if self._pubsub_lock is None:
+            self._pubsub_lock = anyio.Lock()
+        async with self._pubsub_lock:
+            if self._pubsub is not None or self._pubsub_denied:
+                return
+            pubsub = self._client.pubsub()
+            bound = min(self._subscribe_timeout, deadline - anyio.current_time())
+            try:
+                with anyio.fail_after(max(0.0, bound)):
+                    await pubsub.subscribe(self._channel)
+                    while True:
+                        message = await pubsub.get_message(timeout=self._subscribe_timeout)
+                        if message is not None and message.get("type") in (
+                            "subscribe",
+                            b"subscribe",
+                        ):
+                            break
+            except redis_errors.ResponseError as exc:
+                await self._close_pubsub(pubsub)
+                if isinstance(exc, UNAVAILABLE):
+                    raise
+                self._pubsub_denied = True
+                logger.warning(
+                    "Redis at %s refused SUBSCRIBE (%s); waiters look again every %g s instead",
+                    self._location,
+                    type(exc).__name__,
+                    POLL_WITHOUT_PUBSUB,
+                )
+                return
+            except BaseException:
+                await self._close_pubsub(pubsub)
+                raise
+            self._pubsub = pubsub
+
+    async def _listen(self, waiter: Waiter, deadline: float) -> None:
+        """Read releases for every waiter of this process until ours comes or time is up."""
+        pubsub = self._pubsub
+        self._listener = waiter
+        try:
+            while not waiter.woken:
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    return
+                try:
+                    with anyio.fail_after(remaining + 0.1):
+                        message = await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=remaining
+                        )
+                except (*UNAVAILABLE, RuntimeError):  # RuntimeError: closed under us
+                    await self.drop_pubsub()
+                    return
+                if message is not None and message.get("type") in ("message", b"message"):
+                    data = message.get("data")
+                    scope = (
+                        data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+                    )
+                    top = self.top(scope)
+                    if top is not None and top in self._release_waiters:
+                        self._wake(top)
+        finally:
+            self._listener = None
+            for other in self._release_waiters:
+                if other is not waiter:
+                    other.event.set()  # take over the listening
+                    break
+
+    async def drop_pubsub(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            await self._close_pubsub(pubsub)
+
+    @staticmethod
+    async def _close_pubsub(pubsub: Any) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+            try:
+                await pubsub.aclose()
+            except Exception:  # pragma: no cover - best effort on a broken connection
+                logger.debug("closing the pub/sub connection failed", exc_info=True)

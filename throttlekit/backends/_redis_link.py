@@ -1,0 +1,209 @@
+"""The Redis backend's connection: script calls, their time bounds, and Redis's health.
+
+Every round trip of the backend is one ``EVALSHA`` sent here on a
+connection kept by the backend (taken from the client's pool once, reused
+without the pool's bookkeeping), with its arguments already encoded, and
+bounded in time by the caller: a Redis that hangs (stopped, or a network
+that drops packets) costs a caller at most the bound it gave, never the
+socket timeouts of the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any, Final
+
+import anyio
+
+try:
+    import redis.asyncio as aioredis
+    from redis import exceptions as redis_errors
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
+    ) from exc
+
+from .._errors import BackendUnavailable
+
+__all__ = ["UNAVAILABLE", "Link", "Script", "client_location", "redact_url"]
+
+logger = logging.getLogger("throttlekit.backends.redis")
+
+INF: Final = math.inf
+
+#: Errors that mean "Redis cannot be reached (or cannot take writes) now"
+#: (``TimeoutError`` is an ``OSError``: a round trip over its bound).
+UNAVAILABLE: Final = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ReadOnlyError,
+    OSError,
+)
+
+#: Connections kept for reuse; more concurrent calls borrow from the pool.
+_KEEP: Final = 16
+
+
+def redact_url(url: str) -> str:
+    """``url`` without credentials or query: ``rediss://***@host:6380/0``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<invalid Redis URL>"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if port is None else f"{host}:{port}"
+    if parts.username or parts.password or "@" in parts.netloc:
+        netloc = f"***@{netloc}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def client_location(client: Any) -> str:
+    """Where ``client`` connects, from its pool's settings (never its credentials)."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    host = kwargs.get("host", "?")
+    port = kwargs.get("port", "?")
+    db = kwargs.get("db", 0)
+    connection_class = getattr(pool, "connection_class", None)
+    scheme = "rediss" if "SSL" in getattr(connection_class, "__name__", "") else "redis"
+    return f"{scheme}://{host}:{port}/{db}"
+
+
+class Script:
+    """A Lua script sent by its SHA1 (loaded on first use, and again after ``SCRIPT FLUSH``)."""
+
+    __slots__ = ("sha", "source")
+
+    def __init__(self, source: str) -> None:
+        import hashlib
+
+        self.source = source.encode()
+        self.sha = hashlib.sha1(self.source).hexdigest().encode()
+
+    def __repr__(self) -> str:
+        return f"<Script {self.sha[:8].decode()}>"
+
+
+class Link:
+    """Script calls on kept connections, and whether Redis answers (for the failure policy).
+
+    :param client: the ``redis.asyncio`` client whose pool gives the connections.
+    :param location: how messages name the server (no credentials).
+    :param failure: ``"fail_open"`` or ``"fail_closed"``.
+    :param reconnect_interval: seconds between attempts while Redis is away (fail-open).
+    """
+
+    def __init__(
+        self, client: aioredis.Redis, *, location: str, failure: str, reconnect_interval: float
+    ) -> None:
+        self.client = client
+        self.location = location
+        self.failure = failure
+        self.reconnect_interval = reconnect_interval
+        self.down = False
+        self.retry_at = -INF
+        self._idle: list[Any] = []
+
+    def __repr__(self) -> str:
+        return f"<Link {self.location} {'down' if self.down else 'up'} idle={len(self._idle)}>"
+
+    # -- calls ---------------------------------------------------------------------
+
+    async def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run ``script``; the caller bounds the time (a cancel drops the connection).
+
+        A kept connection that Redis closed meanwhile (a restart) is replaced
+        once; every script may run twice safely (a lease id is granted or
+        released once).
+        """
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        for attempt in (0, 1):
+            connection, kept = await self._take()
+            try:
+                try:
+                    reply = await self._send(connection, command)
+                except redis_errors.NoScriptError:
+                    await self._send(connection, ("SCRIPT", "LOAD", script.source))
+                    reply = await self._send(connection, command)
+            except redis_errors.ConnectionError:
+                await self._drop(connection)
+                if kept and not attempt:
+                    continue
+                raise
+            except BaseException:
+                await self._drop(connection)
+                raise
+            if len(self._idle) < _KEEP:
+                self._idle.append(connection)
+            else:
+                await self.client.connection_pool.release(connection)
+            return reply
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    async def _send(connection: Any, command: Sequence[Any]) -> Any:
+        await connection.send_packed_command(connection.pack_command(*command), check_health=False)
+        return await connection.read_response()
+
+    async def _take(self) -> tuple[Any, bool]:
+        """A connection, and whether it was kept from an earlier call."""
+        idle = self._idle
+        while idle:
+            connection = idle.pop()
+            if connection.is_connected:
+                return connection, True
+            await self.client.connection_pool.release(connection)
+        pool: Any = self.client.connection_pool
+        return await pool.get_connection(), False
+
+    async def _drop(self, connection: Any) -> None:
+        """A call failed or was cancelled: its connection may hold a late reply; close it."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+            try:
+                await connection.disconnect(nowait=True)
+            finally:
+                await self.client.connection_pool.release(connection)
+
+    async def aclose(self) -> None:
+        """Give the kept connections back to the client's pool."""
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await self.client.connection_pool.release(connection)
+
+    # -- health --------------------------------------------------------------------
+
+    def may_try(self, now: float) -> bool:
+        """Whether to ask Redis now (always, unless failing open and waiting to retry)."""
+        return not self.down or self.failure != "fail_open" or now >= self.retry_at
+
+    def unavailable(self, exc: BaseException, now: float) -> None:
+        """Redis did not answer: raise :class:`BackendUnavailable` if failing closed."""
+        self.retry_at = now + self.reconnect_interval
+        reason = "no reply in time" if isinstance(exc, TimeoutError) else type(exc).__name__
+        if self.failure == "fail_closed":
+            self.down = True
+            raise BackendUnavailable(
+                f"Redis at {self.location} is unavailable ({reason}); failing closed"
+            ) from exc
+        if not self.down:
+            self.down = True
+            logger.warning(
+                "Redis at %s is unavailable (%s); throttling with this process's in-memory "
+                "ledgers until it is back (fail_open)",
+                self.location,
+                reason,
+            )
+
+    def answered(self) -> None:
+        """Redis answered a call."""
+        if self.down:
+            self.down = False
+            logger.info("Redis at %s is back; shared throttling resumed", self.location)
