@@ -34,6 +34,9 @@ from typing import Any
 import pytest
 import trio.testing
 
+#: The Redis backend's tests share a real redis-server fixture (``tests/_redis.py``).
+pytest_plugins = ("_redis",)
+
 #: What ``anyio_backend`` returns: a backend name, or ``(name, options)``.
 AnyioBackend = str | tuple[str, dict[str, Any]]
 

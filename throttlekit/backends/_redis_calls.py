@@ -247,12 +247,12 @@ class ScriptCalls:
         :raises TimeoutError: if Redis is still away (unless ``quiet``).
         """
         while self.orphans:
-            lease = self.orphans[0]
+            lease = self.orphans.pop(0)
             if not await self.release(lease, None, None, used=False, quiet=True, deadline=deadline):
+                self.orphans.append(lease)
                 if quiet:
                     return
                 raise TimeoutError("Redis did not take back an abandoned grant")
-            self.orphans.pop(0)
 
     async def release(
         self,

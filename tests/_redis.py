@@ -1,0 +1,155 @@
+"""A real redis-server for the Redis backend's tests, started by the tests themselves.
+
+Each server runs on a free port of 127.0.0.1 with ``--save '' --appendonly
+no`` and is stopped afterwards. Without a ``redis-server`` binary the tests
+skip, unless the ``CI`` environment variable is set: then they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from throttlekit.backends.redis import RedisBackend
+
+REDIS_SERVER = shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server process on a free port of 127.0.0.1, restartable on that port."""
+
+    def __init__(self, *options: str, password: str | None = None, tls: bool = False) -> None:
+        if REDIS_SERVER is None:
+            reason = "redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)"
+            if os.environ.get("CI"):
+                pytest.fail(f"{reason}; it is required in CI")
+            pytest.skip(reason)
+        self.port = free_port()
+        self.password = password
+        self.tls = tls
+        self.options = options
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"{'rediss' if self.tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert REDIS_SERVER is not None
+        port_options = ["--port", "0", "--tls-port", str(self.port)] if self.tls else []
+        if not self.tls:
+            port_options = ["--port", str(self.port)]
+        command = [
+            REDIS_SERVER,
+            *port_options,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            *self.options,
+        ]
+        if self.password:
+            command += ["--requirepass", self.password]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                output = self.process.stdout.read().decode() if self.process.stdout else ""
+                raise RuntimeError(f"redis-server exited: {output[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start within 10 s")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            if self.process.stdout:
+                self.process.stdout.close()
+            self.process = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the server hangs (connections open, nothing answered)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL: the server is gone (connections refused until :meth:`start`)."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+            self.stop()
+
+    def admin(self) -> aioredis.Redis:
+        return aioredis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis_server() -> Iterator[RedisServer]:
+    """A server of the test's own, which it may stop and restart."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def prefix(request: pytest.FixtureRequest) -> str:
+    return f"t{random.randrange(10**9)}-{request.node.name[:40]}".replace("[", "_").replace("]", "")
+
+
+@pytest.fixture
+async def admin(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = redis_server.admin()
+    yield client
+    await client.aclose()
+
+
+def backend_keys(prefix: str, scope: str) -> list[str]:
+    """The keys of ``scope``: leases, state, slots, quota log, quota costs, waiters."""
+    return [f"{{{prefix}:{scope}}}:{suffix}" for suffix in "LSTQCW"]
+
+
+def make_backend(server: RedisServer, prefix: str, **options: Any) -> RedisBackend:
+    return RedisBackend.from_url(server.url, prefix=prefix, **options)
+
+
+def fast(**fields: Any) -> Any:
+    """A policy without slot delay unless given."""
+    from throttlekit import ScopePolicy
+
+    fields.setdefault("slot_delay", 0.0)
+    return ScopePolicy(**fields)
