@@ -13,16 +13,22 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.abc
 import pytest
 import redis.asyncio as aioredis
+from anyio.streams.text import TextReceiveStream
 
 from throttlekit.backends.redis import RedisBackend
 
 REDIS_SERVER = shutil.which("redis-server")
+WORKER = Path(__file__).with_name("redis_worker.py")
 
 
 def free_port() -> int:
@@ -153,3 +159,27 @@ def fast(**fields: Any) -> Any:
 
     fields.setdefault("slot_delay", 0.0)
     return ScopePolicy(**fields)
+
+
+async def read_line(process: anyio.abc.Process, within: float) -> str:
+    assert process.stdout is not None
+    buffer = ""
+    with anyio.fail_after(within):
+        async for chunk in TextReceiveStream(process.stdout):
+            buffer += chunk
+            if "\n" in buffer:
+                return buffer.split("\n", 1)[0]
+    return buffer
+
+
+def worker_command(mode: str, server: RedisServer, prefix: str, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        str(WORKER),
+        mode,
+        "--redis-url",
+        server.url,
+        "--prefix",
+        prefix,
+        *extra,
+    ]

@@ -140,6 +140,7 @@ class ScriptCalls:
         self,
         costs: dict[str, float],
         policies: list[ScopePolicy],
+        extra: list[int] | None,
         gate: Ticket,
         turn: Any,
         deadline: float,
@@ -148,7 +149,8 @@ class ScriptCalls:
 
         Not granted: ``(index of the blocking scope, seconds to wait, whether its
         concurrency is full, the turn Redis gave)``. The lease keeps ``gate``;
-        if the call fails, the caller gives ``gate`` back.
+        if the call fails, the caller gives ``gate`` back. ``extra`` counts,
+        per scope, leases this process holds that Redis may not count.
         """
         if self.orphans:
             await self.hand_back_orphans(deadline)
@@ -157,11 +159,12 @@ class ScriptCalls:
         args: list[Any] = [self.now_arg(), lease_id, self._settings, turn]
         packed = []
         rng = self.rng
-        for (scope, cost), policy in zip(costs.items(), policies, strict=True):
-            policy_args = self.args(policy)
+        for index, (scope, cost) in enumerate(costs.items()):
+            policy_args = self.args(policies[index])
             packed.append(policy_args)
             keys.extend(self.scope_keys(scope))
-            args += (repr(cost), repr(rng.random()), policy_args.packed)
+            more = b"0" if extra is None else str(extra[index]).encode()
+            args += (repr(cost), repr(rng.random()), more, policy_args.packed)
         keys.append(keys[0][:-1] + b"X:" + lease_id)  # the tombstone of a given-up call
         lease = RedisLease(lease_id, costs, policies, keys, gate)
         self.acquire_calls += 1

@@ -32,6 +32,7 @@ class RedisLease:
 
     __slots__ = (
         "consumed",
+        "epoch",
         "feedback",
         "gate",
         "granted_at",
@@ -61,6 +62,7 @@ class RedisLease:
         self.send_at = 0.0  # on the limiter's clock
         self.granted_at = -INF
         self.released = False
+        self.epoch = 0  # Holdings.epoch at the grant
         self.feedback: Feedback | None = None
         self.consumed: Mapping[str, float] | None = None
 
@@ -91,33 +93,52 @@ class LocalLease:
 
 
 class Holdings:
-    """The leases this process holds per scope, from Redis and from the local fallback."""
+    """The leases this process holds per scope, from Redis and from the local fallback.
 
-    __slots__ = ("_changed", "_last_send", "held")
+    Leases Redis may not count are *unshared*: local grants, and Redis leases
+    held when Redis went away (a restarted Redis has lost them). Acquire calls
+    tell Redis how many a scope has, so that a process coming back from an
+    outage does not exceed the scope's concurrency either.
+    """
+
+    __slots__ = ("_changed", "_last_send", "epoch", "held", "unshared")
 
     def __init__(self) -> None:
         self.held: dict[str, int] = {}
+        self.unshared: dict[str, int] = {}
+        self.epoch = 0  # outages so far: a Redis lease of an older epoch is unshared
         self._last_send: dict[str, float] = {}
         self._changed: anyio.Event | None = None
 
     def __repr__(self) -> str:
-        return f"<Holdings {self.held}>"
+        return f"<Holdings {self.held} unshared={self.unshared}>"
 
-    def add(self, scopes: Iterable[str], sent_at: float = -INF) -> None:
-        held = self.held
+    def outage(self) -> None:
+        """Redis went away: from now on it may not count any lease held now."""
+        if self.unshared != self.held:
+            self.epoch += 1
+            self.unshared = dict(self.held)
+
+    def add(self, scopes: Iterable[str], *, shared: bool) -> None:
+        held, unshared = self.held, self.unshared
         for scope in scopes:
             held[scope] = held.get(scope, 0) + 1
-            if sent_at > self._last_send.get(scope, -INF):
-                self._last_send[scope] = sent_at
+            if not shared:
+                unshared[scope] = unshared.get(scope, 0) + 1
 
-    def remove(self, scopes: Iterable[str]) -> None:
-        held = self.held
+    def sent(self, scopes: Iterable[str], at: float) -> None:
+        """A lease held in ``scopes`` sends at ``at`` (the local fallback keeps the delay)."""
+        last = self._last_send
         for scope in scopes:
-            count = held.get(scope, 0) - 1
-            if count > 0:
-                held[scope] = count
-            else:
-                held.pop(scope, None)
+            if at > last.get(scope, -INF):
+                last[scope] = at
+
+    def remove(self, scopes: Iterable[str], *, shared: bool) -> None:
+        for scope in scopes:
+            _decrement(self.held, scope)
+            if not shared:
+                _decrement(self.unshared, scope)
+            if scope not in self.held:
                 self._last_send.pop(scope, None)
         if self._changed is not None:
             self._changed.set()
@@ -153,7 +174,7 @@ class Holdings:
             (self._last_send.get(scope, -INF) + policy(scope).delay for scope in costs),
             default=-INF,
         )
-        self.add(costs)
+        self.add(costs, shared=False)
         if ready > anyio.current_time():
             try:
                 if ready > deadline:
@@ -161,5 +182,13 @@ class Holdings:
                     raise ThrottleTimeout(f"no grant before the timeout for scopes {sorted(costs)}")
                 await anyio.sleep_until(ready)
             except BaseException:
-                self.remove(costs)
+                self.remove(costs, shared=False)
                 raise
+
+
+def _decrement(counts: dict[str, int], scope: str) -> None:
+    count = counts.get(scope, 0) - 1
+    if count > 0:
+        counts[scope] = count
+    else:
+        counts.pop(scope, None)

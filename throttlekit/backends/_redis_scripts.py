@@ -183,7 +183,9 @@ end
 #: ARGV: clock, lease id, settings (``lease ms,reserve-ahead ms,state ttl
 #: ms,release recheck ms``), the turn this caller was given last (ms, 0 =
 #: none; a value Redis handed out, not a client clock); then per scope: cost,
-#: a uniform random number in [0, 1) for the jitter, and the packed policy.
+#: a uniform random number in [0, 1) for the jitter, the leases the caller
+#: holds that Redis may not count (granted while it was away), and the
+#: packed policy.
 #: Replies ``{1, wait_ms, send_at_ms, now_ms, <controller states>...}``
 #: (granted: send after ``wait_ms``; the states, seven values each, of the
 #: scopes whose controllers must run ``on_send`` now, see
@@ -200,7 +202,7 @@ local settings = split(ARGV[3])
 local lease_ms, reserve = tonumber(settings[1]), tonumber(settings[2])
 local ttl, recheck = tonumber(settings[3]), tonumber(settings[4])
 local myturn = tonumber(ARGV[4])
-local n = (#ARGV - 4) / 3
+local n = (#ARGV - 4) / 4
 
 -- A call that its caller gave up on (cancelled while the request was on its
 -- way) and that arrives after the hand-back must not grant anything.
@@ -217,18 +219,22 @@ local ready, blocker = now, 1
 local pacing = 0
 for i = 1, n do
   local k = (i - 1) * 6
-  local b = 5 + (i - 1) * 3
+  local b = 5 + (i - 1) * 4
   local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
              C = KEYS[k + 5], cost = tonumber(ARGV[b]), u = tonumber(ARGV[b + 1])}
-  local p = read_policy(ARGV[b + 2])
+  local extra = tonumber(ARGV[b + 2])
+  local p = read_policy(ARGV[b + 3])
   s.p = p
   redis.call('ZREMRANGEBYSCORE', s.L, '-inf', f(now))
   s.inflight = redis.call('ZCARD', s.L)
   local st = load_state(s.S, p)
   s.st = st
-  if st.conc > 0 and s.inflight >= st.conc then
+  if st.conc > 0 and s.inflight + extra >= st.conc then
+    -- Full: wait for a release, or the earliest lease expiry (or, full with
+    -- leases Redis does not hold, look again soon).
     local first = redis.call('ZRANGE', s.L, 0, 0, 'WITHSCORES')
-    local wait = tonumber(first[2]) - now
+    local wait = 50
+    if first[2] and s.inflight >= st.conc then wait = tonumber(first[2]) - now end
     redis.call('SET', KEYS[k + 6], '1', 'PX', math.ceil(recheck) + 1000)
     return {0, f(wait), i, 1, f(now)}
   end

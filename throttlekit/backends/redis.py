@@ -389,7 +389,7 @@ class RedisBackend:
             if not lease.released:
                 lease.released = True
                 self._bound().release_nowait(lease.ticket)
-                self._holdings.remove(lease.scopes)
+                self._holdings.remove(lease.scopes, shared=False)
             return True
         return False
 
@@ -555,19 +555,32 @@ class RedisBackend:
                 # The per-process global cap, held from the grant to the release.
                 gate = await local.acquire({}, priority=priority, timeout=_remaining(deadline))
                 policies = [local.policy(scope) for scope in costs]
+                holdings = self._holdings
+                unshared = holdings.unshared
+                extra = [unshared.get(scope, 0) for scope in costs] if unshared else None
+                # Counted as held while asked for, so that local grants (failing
+                # open, in other tasks) count it too.
+                epoch = holdings.epoch
+                holdings.add(costs, shared=True)
                 try:
-                    result = await self._calls.attempt(costs, policies, gate, waiter.turn, deadline)
+                    result = await self._calls.attempt(
+                        costs, policies, extra, gate, waiter.turn, deadline
+                    )
                 except BaseException as exc:
                     local.release_nowait(gate)
+                    holdings.remove(costs, shared=epoch == holdings.epoch)
                     if not isinstance(exc, UNAVAILABLE):
                         raise
+                    holdings.outage()
                     self._link.unavailable(exc, anyio.current_time())  # raises if failing closed
                     line.leave(waiter)
                     return await self._acquire_locally(local, costs, priority, deadline)
                 if isinstance(result, RedisLease):
                     line.leave(waiter)  # the next in line may try at once
-                    self._holdings.add(costs, result.send_at)
+                    result.epoch = epoch
+                    holdings.sent(costs, result.send_at)
                     return await self._until_send(result)
+                holdings.remove(costs, shared=epoch == holdings.epoch)
                 local.release_nowait(gate)
                 index, wait, full, waiter.turn = result
                 scope = list(costs)[index]
@@ -607,7 +620,7 @@ class RedisBackend:
         try:
             ticket = await local.acquire(costs, priority=priority, timeout=_remaining(deadline))
         except BaseException:
-            self._holdings.remove(costs)
+            self._holdings.remove(costs, shared=False)
             raise
         self._local_grants += 1
         return LocalLease(ticket)
@@ -628,7 +641,8 @@ class RedisBackend:
 
     def _let_go(self, lease: RedisLease) -> None:
         self._bound().release_nowait(lease.gate)
-        self._holdings.remove(lease.scopes)
+        holdings = self._holdings
+        holdings.remove(lease.scopes, shared=lease.epoch == holdings.epoch)
 
     async def _hand_back(self, lease: RedisLease) -> None:
         """Give back a grant that was never used (its quota too)."""
