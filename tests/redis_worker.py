@@ -14,6 +14,11 @@ Modes:
 ``hold``
     Takes ``--hold`` permits of scope ``shared``, prints ``held <send times>``
     and sleeps until killed (to test that a crashed worker's leases expire).
+``rampup``
+    The scope ``shared`` also has ``Rampup(window=--rampup-window)``; after
+    ``ready`` and a line on stdin, ``--tasks`` tasks take permits for
+    ``--duration`` seconds, hold each 10 ms and record a 200; then the worker
+    prints a JSON list of ``[send time, end time]`` (seconds since the epoch).
 
 The scope's policy is concurrency ``--concurrency``, delay ``--delay``, no
 slot delay and no jitter, with the default backoff.
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+import time
 from typing import Any
 
 import aiohttp
@@ -35,7 +42,7 @@ from throttlekit.backends.redis import RedisBackend
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=("crawl", "hold"))
+    parser.add_argument("mode", choices=("crawl", "hold", "rampup"))
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--name", default="worker")
@@ -45,6 +52,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=3)
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--lease-time", type=float, default=10.0)
+    parser.add_argument("--rampup-window", type=float, default=0.5)
+    parser.add_argument("--duration", type=float, default=3.0)
     return parser.parse_args(argv)
 
 
@@ -52,8 +61,9 @@ def _limiter(args: argparse.Namespace) -> tuple[throttlekit.Limiter, RedisBacken
     backend = RedisBackend.from_url(
         args.redis_url, prefix=args.prefix, lease_time=args.lease_time, failure="fail_closed"
     )
+    rampup = throttlekit.Rampup(window=args.rampup_window) if args.mode == "rampup" else None
     policy = throttlekit.ScopePolicy(
-        concurrency=args.concurrency, delay=args.delay, slot_delay=0.0, jitter=0.0
+        concurrency=args.concurrency, delay=args.delay, slot_delay=0.0, jitter=0.0, rampup=rampup
     )
     limiter = throttlekit.Limiter(scopes={"shared": policy}, backend=backend, concurrency=None)
     return limiter, backend
@@ -102,9 +112,34 @@ async def _hold(args: argparse.Namespace) -> None:
     await anyio.sleep_forever()
 
 
+async def _rampup(args: argparse.Namespace) -> None:
+    limiter, backend = _limiter(args)
+    async with limiter.acquire(scopes="warm-up"):
+        pass
+    print("ready", flush=True)
+    await anyio.to_thread.run_sync(sys.stdin.readline)
+    end = time.time() + args.duration
+    records: list[tuple[float, float]] = []
+
+    async def task() -> None:
+        while time.time() < end:
+            async with limiter.acquire(scopes="shared") as permit:
+                lease: Any = permit._lease
+                await anyio.sleep(0.01)
+                permit.record(status=200)
+                records.append((lease.send_at_ms / 1000.0, time.time()))
+
+    async with anyio.create_task_group() as group:
+        for _ in range(args.tasks):
+            group.start_soon(task)
+    await backend.aclose()
+    print(json.dumps(records), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    asyncio.run(_crawl(args) if args.mode == "crawl" else _hold(args))
+    modes = {"crawl": _crawl, "hold": _hold, "rampup": _rampup}
+    asyncio.run(modes[args.mode](args))
 
 
 if __name__ == "__main__":

@@ -96,9 +96,7 @@ async def test_killed_worker_slots_come_back_after_lease_time(
 ) -> None:
     lease_time = 1.0
     process = await anyio.open_process(
-        worker_command(
-            "hold", redis_server, prefix, "--lease-time", str(lease_time), "--hold", "3"
-        )
+        worker_command("hold", redis_server, prefix, "--lease-time", str(lease_time), "--hold", "3")
     )
     try:
         line = await read_line(process, 20.0)

@@ -40,7 +40,7 @@ logger = logging.getLogger("throttlekit.backends.redis")
 INF: Final = math.inf
 SUFFIXES: Final = ("L", "S", "T", "Q", "C", "W")
 #: The least time a round trip gets, even when the caller's timeout is shorter (or 0).
-GRACE: Final = 0.25
+GRACE: Final = 0.4
 #: Tries of a version-checked write before the feedback is dropped (a busy scope).
 _WRITE_TRIES: Final = 8
 
@@ -124,7 +124,7 @@ class ScriptCalls:
     async def call(
         self, script: Script, keys: Sequence[bytes], args: Sequence[Any], deadline: float
     ) -> Any:
-        """One round trip, over after ``command_timeout`` or at ``deadline`` (at least 0.25 s).
+        """One round trip, over after ``command_timeout`` or at ``deadline`` (at least 0.4 s).
 
         :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
         """

@@ -161,7 +161,7 @@ class RedisBackend:
         cancellation); a release that times out is left to ``lease_time``.
     :param command_timeout: seconds one round trip may take before Redis counts
         as unavailable (default 1.0). A round trip also ends with the caller's
-        ``acquire(timeout=...)``, but gets at least 0.25 s.
+        ``acquire(timeout=...)``, but gets at least 0.4 s.
     :param seed: seed of the jitter's random numbers.
     :param owns_client: close ``client`` in :meth:`aclose`.
     :param location: how logs and the repr name the server (default: the
@@ -353,7 +353,7 @@ class RedisBackend:
 
         :raises ThrottleTimeout: when ``timeout`` seconds pass first (whatever
             Redis does: a round trip never outlasts the timeout by more than
-            0.25 s).
+            0.4 s).
         :raises BackendUnavailable: when Redis is unreachable or does not answer
             within ``command_timeout`` and ``failure`` is ``"fail_closed"``.
         :raises Overloaded: when the limiter's ``max_waiters`` already wait here.
