@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .._policy import ScopePolicy
     from .._scheduler import Ticket
 
-__all__ = ["ScriptCalls"]
+__all__ = ["RedisBackendStatistics", "ScriptCalls"]
 
 logger = logging.getLogger("throttlekit.backends.redis")
 
@@ -49,6 +49,28 @@ SYNC = Script(scripts.SYNC)
 RELEASE = Script(scripts.RELEASE)
 RENEW = Script(scripts.RENEW)
 STATE = Script(scripts.STATE)
+
+
+@attrs.frozen(kw_only=True)
+class RedisBackendStatistics:
+    """What one :class:`RedisBackend` has done so far (this process only).
+
+    :param acquire_calls: acquire script calls (round trips), granted or not.
+    :param grants: leases granted by Redis.
+    :param release_calls: release script calls (round trips).
+    :param sync_calls: calls that stored the controllers' state after a send.
+    :param local_grants: grants made by the local ledgers while Redis was down.
+    :param waiting: acquire() calls waiting now.
+    :param available: whether the last contact with Redis worked.
+    """
+
+    acquire_calls: int
+    grants: int
+    release_calls: int
+    local_grants: int
+    waiting: int
+    available: bool
+    sync_calls: int = 0
 
 
 def ms(seconds: float) -> bytes:
@@ -95,6 +117,17 @@ class ScriptCalls:
 
     def __repr__(self) -> str:
         return f"<ScriptCalls {self.prefix!r} orphans={len(self.orphans)}>"
+
+    def statistics(self, *, local_grants: int, waiting: int) -> RedisBackendStatistics:
+        return RedisBackendStatistics(
+            acquire_calls=self.acquire_calls,
+            grants=self.grants,
+            release_calls=self.release_calls,
+            sync_calls=self.sync_calls,
+            local_grants=local_grants,
+            waiting=waiting,
+            available=not self.link.down,
+        )
 
     # -- arguments -----------------------------------------------------------------
 
@@ -241,6 +274,12 @@ class ScriptCalls:
             pending = parse_states(reply[1:])
             if not pending:
                 return
+
+    async def renew(self, lease: RedisLease, seconds: float) -> bool:
+        """Extend ``lease`` to ``seconds`` from now; whether every scope still held it."""
+        keys = lease.keys[0 : -1 : len(SUFFIXES)]
+        count = await self.call(RENEW, keys, [self.now_arg(), lease.id, ms(seconds)], INF)
+        return int(count) == len(keys)
 
     # -- releasing -----------------------------------------------------------------
 

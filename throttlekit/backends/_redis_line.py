@@ -12,15 +12,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, TypeVar
 
 import anyio
 from redis import exceptions as redis_errors
 
+from .._errors import ThrottleTimeout
 from ._redis_link import UNAVAILABLE
 
 __all__ = ["POLL_WITHOUT_PUBSUB", "RELEASE_RECHECK", "Waiter", "WaiterLine"]
+
+Lease = TypeVar("Lease")
 
 logger = logging.getLogger("throttlekit.backends.redis")
 
@@ -29,6 +32,12 @@ logger = logging.getLogger("throttlekit.backends.redis")
 RELEASE_RECHECK: Final = 5.0
 #: How often a waiter looks again when pub/sub is not permitted (ACLs).
 POLL_WITHOUT_PUBSUB: Final = 0.05
+#: Longest sleep on a time-based wait (quota that cannot fit until released).
+_MAX_WAIT: Final = 60.0
+
+
+def _timeout(costs: Mapping[str, float]) -> ThrottleTimeout:
+    return ThrottleTimeout(f"no grant before the timeout for scopes {sorted(costs)}")
 
 
 class Waiter:
@@ -74,16 +83,6 @@ class WaiterLine:
     def __repr__(self) -> str:
         return f"<WaiterLine waiting={self.waiting} scopes={len(self._queues)}>"
 
-    def new(self, priority: int) -> Waiter:
-        return Waiter(priority, next(self._seq))
-
-    @property
-    def subscribed(self) -> bool:
-        return self._pubsub is not None
-
-    def may_subscribe(self) -> bool:
-        return self._pubsub is None and not self._pubsub_denied
-
     def waiting_on(self, scope: str) -> int:
         """This process's waiters in ``scope``'s line."""
         return sum(1 for entry in self._queues.get(scope, ()) if entry[3].queue == scope)
@@ -91,6 +90,63 @@ class WaiterLine:
     def idle(self) -> bool:
         """Nobody stands in any line."""
         return not self._queues
+
+    async def wait_for_grant(
+        self,
+        costs: Mapping[str, float],
+        priority: int,
+        attempt: Callable[[Any], Awaitable[Lease | tuple[int, float, bool, Any]]],
+        deadline: float,
+    ) -> Lease:
+        """Call ``attempt(turn)`` until it grants, waiting in line and as Redis says between.
+
+        ``attempt`` returns a lease, or ``(index of the blocking scope, seconds
+        to wait, whether it waits for a release, the turn Redis gave)``.
+
+        :raises ThrottleTimeout: at ``deadline``.
+        """
+        waiter = Waiter(priority, next(self._seq))
+        self.waiting += 1
+        try:
+            while True:
+                ahead = self.blocker(costs, waiter)
+                if ahead is not None:
+                    with anyio.move_on_after(deadline - anyio.current_time()):
+                        await self.wait_in_line(waiter, ahead)
+                        continue
+                    raise _timeout(costs)
+                result = await attempt(waiter.turn)
+                if not isinstance(result, tuple):
+                    return result
+                index, wait, full, waiter.turn = result
+                scope = list(costs)[index]
+                self.join(waiter, scope)
+                if self.top(scope) is not waiter:
+                    continue
+                if full and self._pubsub is None and not self._pubsub_denied:
+                    try:
+                        await self.subscribe(deadline)
+                    except UNAVAILABLE:
+                        pass  # waits on the timer below; the next attempt notices
+                    else:
+                        continue  # releases reach us from now on: look again first
+                if full:
+                    wait = min(wait, RELEASE_RECHECK if self._pubsub else POLL_WITHOUT_PUBSUB)
+                wake = anyio.current_time() + min(wait, _MAX_WAIT)
+                if wake > deadline:
+                    # No grant before the deadline unless a release comes first.
+                    waiter.woken = False
+                    if full:
+                        await self.wait_as_top(waiter, deadline, full)
+                    else:
+                        await anyio.sleep_until(deadline)
+                    if not waiter.woken:
+                        raise _timeout(costs)
+                else:
+                    await self.wait_as_top(waiter, wake, full)
+        finally:
+            self.waiting -= 1
+            self.leave(waiter)  # the next in line may try at once
 
     # -- the lines -------------------------------------------------------------------
 

@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._backoff import BackoffState
 from .._controller import ScopeSnapshot
-from .._ledger import build_controllers, combine, with_feedback_controllers
+from .._ledger import build_controllers, combine, describe, with_feedback_controllers
+from .._stats import ScopeStatistics
 
 if TYPE_CHECKING:
     from .._controller import Controller, Feedback
@@ -39,6 +41,7 @@ __all__ = [
     "feedback_write",
     "parse_states",
     "restore",
+    "scope_statistics",
     "send_write",
 ]
 
@@ -247,3 +250,49 @@ def feedback_write(
     for controller in controllers:
         controller.on_feedback(view, feedback, now)
     return _write(args, stored, controllers, before)
+
+
+def scope_statistics(
+    scope: str, policy: ScopePolicy, reply: Sequence[Any], now: float, waiting: int
+) -> ScopeStatistics:
+    """A scope's statistics from a ``STATE`` reply, times on the limiter's clock ``now``."""
+    redis_now = float(reply[0]) / 1000.0
+    (stored,) = parse_states(reply[4 : 4 + STATE_FIELDS])
+    controllers = restore(policy, stored.states)
+
+    def local(seconds: float) -> float:
+        return seconds if not math.isfinite(seconds) else now + seconds - redis_now
+
+    level, signal, signal_at = 0, None, -INF
+    for controller in controllers:
+        if isinstance(controller, BackoffState):
+            level, signal, signal_at = (
+                controller.level,
+                controller.last_signal,
+                controller.last_signal_at,
+            )
+    blocked = float(reply[4 + STATE_FIELDS]) / 1000.0
+    blocked_until = local(blocked) if blocked > 0 else -INF
+    if blocked_until > now:
+        reason = f"blocked by the server for {blocked_until - now:.3g} s more"
+    else:
+        reason = describe(policy, controllers, stored.delay)
+    used = float(reply[3])
+    quota = policy.quota
+    next_send = float(reply[2]) / 1000.0
+    return ScopeStatistics(
+        name=scope,
+        delay=stored.delay,
+        concurrency=stored.concurrency,
+        in_flight=int(reply[1]),
+        waiting=waiting,
+        quota=quota,
+        quota_used=used if quota is not None else 0.0,
+        quota_left=None if quota is None else max(0.0, quota - used),
+        blocked_until=blocked_until,
+        next_send_at=local(next_send) if next_send > 0 else -INF,
+        backoff_level=level,
+        last_signal=signal,
+        last_signal_at=local(signal_at),
+        reason=reason,
+    )

@@ -8,14 +8,13 @@ AutoThrottle, rampup, custom controllers)::
     backend = RedisBackend.from_url("redis://127.0.0.1:6379/0", prefix="myjob")
     limiter = Limiter(default=ScopePolicy(concurrency=3, delay=0.5), backend=backend)
 
-The backend reads top-down in five modules: this one (the Backend protocol:
-acquire, release, the fail-open fallback), :mod:`._redis_link` (the
-connection, bounded round trips, Redis's health), :mod:`._redis_line` (this
-process's waiters and release wake-ups), :mod:`._redis_scripts` (the Lua:
-admission and bookkeeping on Redis's clock), :mod:`._redis_state` (the
-controllers, run in Python on the state stored in Redis) and
-:mod:`._redis_leases` (what is granted and held). It runs on asyncio (it is
-built on ``redis.asyncio``); install it with ``pip install "throttlekit-http[redis]"``.
+Read top-down: this module (the Backend protocol, the fail-open fallback),
+then ``_redis_line`` (this process's waiters), ``_redis_calls`` (the round
+trips), ``_redis_scripts`` (the Lua: admission and bookkeeping),
+``_redis_state`` (the controllers, run in Python on the state kept in
+Redis), ``_redis_leases`` (what is granted and held) and ``_redis_link``
+(the connection and Redis's health). Runs on asyncio (``redis.asyncio``);
+install it with ``pip install "throttlekit-http[redis]"``.
 """
 
 from __future__ import annotations
@@ -28,17 +27,6 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
-import attrs
-
-from .._checks import check_number
-from .._errors import Overloaded, ThrottleTimeout
-from .._ledger import describe
-from .._stats import ScopeStatistics
-from ._redis_calls import RENEW, STATE, SUFFIXES, ScriptCalls, ms
-from ._redis_leases import Holdings, LocalLease, RedisLease
-from ._redis_line import POLL_WITHOUT_PUBSUB, RELEASE_RECHECK, WaiterLine
-from ._redis_link import UNAVAILABLE, Link, client_location, redact_url
-from ._redis_state import parse_states, restore
 
 try:
     import redis.asyncio as aioredis
@@ -48,6 +36,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
     ) from exc
+
+from .._checks import check_number
+from .._errors import Overloaded, ThrottleTimeout
+from .._stats import ScopeStatistics
+from ._redis_calls import STATE, RedisBackendStatistics, ScriptCalls
+from ._redis_leases import Holdings, LocalLease, RedisLease
+from ._redis_line import WaiterLine
+from ._redis_link import UNAVAILABLE, Link, client_location, redact_url
+from ._redis_state import scope_statistics
 
 if TYPE_CHECKING:
     from .._controller import Feedback
@@ -62,8 +59,6 @@ logger = logging.getLogger(__name__)
 FailurePolicy = Literal["fail_open", "fail_closed"]
 
 INF: Final = math.inf
-#: Longest sleep on a time-based wait (quota that cannot fit until released).
-_MAX_WAIT: Final = 60.0
 
 
 def _require_asyncio() -> None:
@@ -78,32 +73,6 @@ def _require_asyncio() -> None:
 
 def _remaining(deadline: float) -> float | None:
     return None if deadline == INF else max(0.0, deadline - anyio.current_time())
-
-
-def _timeout(costs: Mapping[str, float]) -> ThrottleTimeout:
-    return ThrottleTimeout(f"no grant before the timeout for scopes {sorted(costs)}")
-
-
-@attrs.frozen(kw_only=True)
-class RedisBackendStatistics:
-    """What one :class:`RedisBackend` has done so far (this process only).
-
-    :param acquire_calls: acquire script calls (round trips), granted or not.
-    :param grants: leases granted by Redis.
-    :param release_calls: release script calls (round trips).
-    :param sync_calls: calls that stored the controllers' state after a send.
-    :param local_grants: grants made by the local ledgers while Redis was down.
-    :param waiting: acquire() calls waiting now.
-    :param available: whether the last contact with Redis worked.
-    """
-
-    acquire_calls: int
-    grants: int
-    release_calls: int
-    local_grants: int
-    waiting: int
-    available: bool
-    sync_calls: int = 0
 
 
 class RedisBackend:
@@ -121,21 +90,11 @@ class RedisBackend:
     (:meth:`Limiter.policy <throttlekit.Limiter.policy>`): configure the
     workers alike.
 
-    An uncontended acquire is one round trip (a Lua script that reads the
-    limits the controllers stored and admits), a release one more; feedback
-    that the controllers must see adds one round trip to the release, and a
-    send at a controller's ``due`` time (a quiet backoff window ended, a
-    rampup window ended) one to the acquire. A grant may be *reserved* up to
-    ``reserve_ahead`` seconds (and less than one delay) before its send time;
-    the worker then sleeps until that time, so round trips and wake-up
-    latency do not stretch the delays. Waiters for a delay get turns one
-    delay apart; waiters for a slot are woken by a release (pub/sub) or the
-    earliest lease expiry. Within a process, waiters of a scope queue by
-    priority, then arrival; across processes the order is best effort.
-
-    The limiter's global ``concurrency`` cap stays per process. The backend
-    runs on asyncio only, needs Redis >= 5.0, and is safe for Redis Cluster
-    for single-scope requests (all keys of a scope share the hash tag
+    An uncontended acquire is one round trip and a release one more (see
+    :doc:`/redis` for when the controllers add one, reserved grants, turns
+    and wake-ups). The limiter's global ``concurrency`` cap stays per
+    process. Runs on asyncio only; needs Redis >= 5.0; Redis Cluster works
+    for single-scope requests (a scope's keys share the hash tag
     ``{prefix:scope}``).
 
     :param client: a ``redis.asyncio.Redis`` client (not closed by :meth:`aclose`
@@ -313,16 +272,7 @@ class RedisBackend:
 
     def statistics(self) -> RedisBackendStatistics:
         """A frozen snapshot of this backend's counters."""
-        calls = self._calls
-        return RedisBackendStatistics(
-            acquire_calls=calls.acquire_calls,
-            grants=calls.grants,
-            release_calls=calls.release_calls,
-            sync_calls=calls.sync_calls,
-            local_grants=self._local_grants,
-            waiting=self._line.waiting,
-            available=not self._link.down,
-        )
+        return self._calls.statistics(local_grants=self._local_grants, waiting=self._line.waiting)
 
     def scope_keys(self, scope: str) -> list[str]:
         """The Redis keys that hold ``scope`` (all with the hash tag ``{prefix:scope}``)."""
@@ -436,15 +386,11 @@ class RedisBackend:
             return False
         seconds = self.lease_time if lease_time is None else lease_time
         seconds = check_number("lease_time", seconds, minimum=0.0, strict=True)
-        keys = lease.keys[0 : -1 : len(SUFFIXES)]
         try:
-            count = await self._calls.call(
-                RENEW, keys, [self._calls.now_arg(), lease.id, ms(seconds)], INF
-            )
+            return await self._calls.renew(lease, seconds)
         except UNAVAILABLE as exc:
             self._link.unavailable(exc, anyio.current_time())
             return False
-        return int(count) == len(keys)
 
     @asynccontextmanager
     async def keep_alive(
@@ -486,44 +432,8 @@ class RedisBackend:
         calls = self._calls
         args = [calls.now_arg(), calls.args(policy).packed]
         reply = await calls.call(STATE, calls.scope_keys(scope), args, INF)
-        now = anyio.current_time()
-        redis_now = float(reply[0]) / 1000.0
-        (stored,) = parse_states(reply[4:11])
-        controllers = restore(policy, stored.states)
-
-        def local(seconds: float) -> float:
-            return seconds if not math.isfinite(seconds) else now + seconds - redis_now
-
-        level, signal, signal_at = 0, None, -INF
-        for controller in controllers:
-            state = controller.get_state()
-            if "level" in state and "last_signal" in state:
-                level, signal = int(state["level"]), state["last_signal"]
-                signal_at = float(state["last_signal_at"])
-        blocked_until = local(float(reply[11]) / 1000.0) if float(reply[11]) > 0 else -INF
-        used = float(reply[3])
-        quota = policy.quota
-        if blocked_until > now:
-            reason = f"blocked by the server for {blocked_until - now:.3g} s more"
-        else:
-            reason = describe(policy, controllers, stored.delay)
-        next_send = float(reply[2])
-        return ScopeStatistics(
-            name=scope,
-            delay=stored.delay,
-            concurrency=stored.concurrency,
-            in_flight=int(reply[1]),
-            waiting=self._line.waiting_on(scope),
-            quota=quota,
-            quota_used=used if quota is not None else 0.0,
-            quota_left=None if quota is None else max(0.0, quota - used),
-            blocked_until=blocked_until,
-            next_send_at=local(next_send / 1000.0) if next_send > 0 else -INF,
-            backoff_level=level,
-            last_signal=signal,
-            last_signal_at=local(signal_at),
-            reason=reason,
-        )
+        waiting = self._line.waiting_on(scope)
+        return scope_statistics(scope, policy, reply, anyio.current_time(), waiting)
 
     # -- internals: acquiring ------------------------------------------------------
 
@@ -536,81 +446,57 @@ class RedisBackend:
     async def _acquire(
         self, local: MemoryBackend, costs: dict[str, float], priority: int, deadline: float
     ) -> Any:
-        """Attempt, then wait as Redis says, until a grant; ``deadline`` bounds the waits."""
-        if not self._link.may_try(anyio.current_time()):
-            return await self._acquire_locally(local, costs, priority, deadline)
+        """Ask Redis, waiting in this process's line between attempts; fall back if it is away."""
         line = self._line
-        if local.max_waiters is not None and line.waiting >= local.max_waiters:
-            raise Overloaded(f"{line.waiting} requests are already waiting (max_waiters)")
-        waiter = line.new(priority)
-        line.waiting += 1
+        if self._link.may_try(anyio.current_time()):
+            if local.max_waiters is not None and line.waiting >= local.max_waiters:
+                raise Overloaded(f"{line.waiting} requests are already waiting (max_waiters)")
+
+            async def attempt(turn: Any) -> RedisLease | tuple[int, float, bool, Any]:
+                return await self._attempt(local, costs, priority, turn, deadline)
+
+            try:
+                lease = await line.wait_for_grant(costs, priority, attempt, deadline)
+            except UNAVAILABLE as exc:
+                if isinstance(exc, ThrottleTimeout):
+                    raise
+                self._holdings.outage()
+                self._link.unavailable(exc, anyio.current_time())  # raises if failing closed
+            else:
+                return await self._until_send(lease)
+        return await self._acquire_locally(local, costs, priority, deadline)
+
+    async def _attempt(
+        self,
+        local: MemoryBackend,
+        costs: dict[str, float],
+        priority: int,
+        turn: Any,
+        deadline: float,
+    ) -> RedisLease | tuple[int, float, bool, Any]:
+        """One round trip, holding the per-process global cap and counted as held meanwhile."""
+        gate = await local.acquire({}, priority=priority, timeout=_remaining(deadline))
+        policies = [local.policy(scope) for scope in costs]
+        holdings = self._holdings
+        unshared = holdings.unshared
+        extra = [unshared.get(scope, 0) for scope in costs] if unshared else None
+        # Counted as held while asked for, so that local grants (failing open,
+        # in other tasks) count it too.
+        epoch = holdings.epoch
+        holdings.add(costs, shared=True)
         try:
-            while True:
-                ahead = line.blocker(costs, waiter)
-                if ahead is not None:
-                    with anyio.move_on_after(deadline - anyio.current_time()):
-                        await line.wait_in_line(waiter, ahead)
-                        continue
-                    raise _timeout(costs)
-                # The per-process global cap, held from the grant to the release.
-                gate = await local.acquire({}, priority=priority, timeout=_remaining(deadline))
-                policies = [local.policy(scope) for scope in costs]
-                holdings = self._holdings
-                unshared = holdings.unshared
-                extra = [unshared.get(scope, 0) for scope in costs] if unshared else None
-                # Counted as held while asked for, so that local grants (failing
-                # open, in other tasks) count it too.
-                epoch = holdings.epoch
-                holdings.add(costs, shared=True)
-                try:
-                    result = await self._calls.attempt(
-                        costs, policies, extra, gate, waiter.turn, deadline
-                    )
-                except BaseException as exc:
-                    local.release_nowait(gate)
-                    holdings.remove(costs, shared=epoch == holdings.epoch)
-                    if not isinstance(exc, UNAVAILABLE):
-                        raise
-                    holdings.outage()
-                    self._link.unavailable(exc, anyio.current_time())  # raises if failing closed
-                    line.leave(waiter)
-                    return await self._acquire_locally(local, costs, priority, deadline)
-                if isinstance(result, RedisLease):
-                    line.leave(waiter)  # the next in line may try at once
-                    result.epoch = epoch
-                    holdings.sent(costs, result.send_at)
-                    return await self._until_send(result)
-                holdings.remove(costs, shared=epoch == holdings.epoch)
-                local.release_nowait(gate)
-                index, wait, full, waiter.turn = result
-                scope = list(costs)[index]
-                line.join(waiter, scope)
-                if line.top(scope) is not waiter:
-                    continue
-                if full and line.may_subscribe():
-                    try:
-                        await line.subscribe(deadline)
-                    except UNAVAILABLE:
-                        pass  # waits on the timer below; the next attempt notices
-                    else:
-                        continue  # releases reach us from now on: look again first
-                if full:
-                    wait = min(wait, RELEASE_RECHECK if line.subscribed else POLL_WITHOUT_PUBSUB)
-                wake = anyio.current_time() + min(wait, _MAX_WAIT)
-                if wake > deadline:
-                    # No grant before the deadline unless a release comes first.
-                    waiter.woken = False
-                    if full:
-                        await line.wait_as_top(waiter, deadline, full)
-                    else:
-                        await anyio.sleep_until(deadline)
-                    if not waiter.woken:
-                        raise _timeout(costs)
-                else:
-                    await line.wait_as_top(waiter, wake, full)
-        finally:
-            line.waiting -= 1
-            line.leave(waiter)
+            result = await self._calls.attempt(costs, policies, extra, gate, turn, deadline)
+        except BaseException:
+            local.release_nowait(gate)
+            holdings.remove(costs, shared=epoch == holdings.epoch)
+            raise
+        if isinstance(result, RedisLease):
+            result.epoch = epoch
+            holdings.sent(costs, result.send_at)
+        else:
+            holdings.remove(costs, shared=epoch == holdings.epoch)
+            local.release_nowait(gate)
+        return result
 
     async def _acquire_locally(
         self, local: MemoryBackend, costs: dict[str, float], priority: int, deadline: float
