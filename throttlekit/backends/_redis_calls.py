@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 import attrs
 
+from .._clock import now as _now
 from . import _redis_scripts as scripts
 from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
@@ -161,7 +162,7 @@ class ScriptCalls:
 
         :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
         """
-        bound = min(self.command_timeout, max(deadline - anyio.current_time(), GRACE))
+        bound = min(self.command_timeout, max(deadline - _now(), GRACE))
         with anyio.fail_after(bound):
             reply = await self.link.call(script, keys, args)
         self.link.answered()
@@ -201,7 +202,7 @@ class ScriptCalls:
         keys.append(keys[0][:-1] + b"X:" + lease_id)  # the tombstone of a given-up call
         lease = RedisLease(lease_id, costs, policies, keys, gate)
         self.acquire_calls += 1
-        before = anyio.current_time()
+        before = _now()
         try:
             reply = await self.call(ACQUIRE, keys, args, deadline)
         except BaseException as exc:
@@ -212,7 +213,7 @@ class ScriptCalls:
                 with anyio.CancelScope(shield=True):
                     await self.hand_back_orphans(INF, quiet=True)
             raise
-        after = anyio.current_time()
+        after = _now()
         wait = float(reply[1]) / 1000.0
         if int(reply[0]) != 1:
             self._sample_clock(float(reply[4]), after)
@@ -307,7 +308,7 @@ class ScriptCalls:
         deadline: float = INF,
     ) -> bool:
         """The release round trip(s), with the controllers' feedback; whether Redis answered."""
-        deadline = min(deadline, anyio.current_time() + self.release_timeout)
+        deadline = min(deadline, _now() + self.release_timeout)
         names = list(lease.scopes)
         packed = [self.args(policy) for policy in lease.policies]
         if feedback is not None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .._clock import now as _now
 from .._errors import ThrottleTimeout
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ class Holdings:
             if self._changed is None:
                 self._changed = anyio.Event()
             event = self._changed
-            with anyio.move_on_after(deadline - anyio.current_time()):
+            with anyio.move_on_after(deadline - _now()):
                 await event.wait()
                 continue
             raise ThrottleTimeout(f"no grant before the timeout for scopes {sorted(costs)}")
@@ -175,7 +176,7 @@ class Holdings:
             default=-INF,
         )
         self.add(costs, shared=False)
-        if ready > anyio.current_time():
+        if ready > _now():
             try:
                 if ready > deadline:
                     await anyio.sleep_until(deadline)

@@ -18,6 +18,7 @@ from typing import Any, Final, TypeVar
 import anyio
 from redis import exceptions as redis_errors
 
+from .._clock import now as _now
 from .._errors import ThrottleTimeout
 from ._redis_link import UNAVAILABLE
 
@@ -111,7 +112,7 @@ class WaiterLine:
             while True:
                 ahead = self.blocker(costs, waiter)
                 if ahead is not None:
-                    with anyio.move_on_after(deadline - anyio.current_time()):
+                    with anyio.move_on_after(deadline - _now()):
                         await self.wait_in_line(waiter, ahead)
                         continue
                     raise _timeout(costs)
@@ -132,7 +133,7 @@ class WaiterLine:
                         continue  # releases reach us from now on: look again first
                 if full:
                     wait = min(wait, RELEASE_RECHECK if self._pubsub else POLL_WITHOUT_PUBSUB)
-                wake = anyio.current_time() + min(wait, _MAX_WAIT)
+                wake = _now() + min(wait, _MAX_WAIT)
                 if wake > deadline:
                     # No grant before the deadline unless a release comes first.
                     waiter.woken = False
@@ -211,7 +212,7 @@ class WaiterLine:
             self._release_waiters[waiter] = None
         try:
             while not waiter.woken:
-                now = anyio.current_time()
+                now = _now()
                 if now >= deadline:
                     return
                 if on_release and self._listener is None and self._pubsub is not None:
@@ -233,7 +234,7 @@ class WaiterLine:
             if self._pubsub is not None or self._pubsub_denied:
                 return
             pubsub = self._client.pubsub()
-            bound = min(self._subscribe_timeout, deadline - anyio.current_time())
+            bound = min(self._subscribe_timeout, deadline - _now())
             try:
                 with anyio.fail_after(max(0.0, bound)):
                     await pubsub.subscribe(self._channel)
@@ -267,7 +268,7 @@ class WaiterLine:
         self._listener = waiter
         try:
             while not waiter.woken:
-                remaining = deadline - anyio.current_time()
+                remaining = deadline - _now()
                 if remaining <= 0:
                     return
                 try:

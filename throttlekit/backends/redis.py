@@ -38,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .._checks import check_number
+from .._clock import now as _now
 from .._errors import Overloaded, ThrottleTimeout
 from .._stats import ScopeStatistics
 from ._redis_calls import STATE, RedisBackendStatistics, ScriptCalls
@@ -72,7 +73,7 @@ def _require_asyncio() -> None:
 
 
 def _remaining(deadline: float) -> float | None:
-    return None if deadline == INF else max(0.0, deadline - anyio.current_time())
+    return None if deadline == INF else max(0.0, deadline - _now())
 
 
 class RedisBackend:
@@ -323,7 +324,7 @@ class RedisBackend:
                     f"cost {cost!r} for scope {scope!r} exceeds its quota {policy.quota!r}; "
                     "it could never be sent"
                 )
-        deadline = INF if timeout is None else anyio.current_time() + timeout
+        deadline = INF if timeout is None else _now() + timeout
         return await self._acquire(local, dict(costs), priority, deadline)
 
     def record(self, lease: Any, feedback: Feedback, consumed: Mapping[str, float] | None) -> None:
@@ -389,7 +390,7 @@ class RedisBackend:
         try:
             return await self._calls.renew(lease, seconds)
         except UNAVAILABLE as exc:
-            self._link.unavailable(exc, anyio.current_time())
+            self._link.unavailable(exc, _now())
             return False
 
     @asynccontextmanager
@@ -433,7 +434,7 @@ class RedisBackend:
         args = [calls.now_arg(), calls.args(policy).packed]
         reply = await calls.call(STATE, calls.scope_keys(scope), args, INF)
         waiting = self._line.waiting_on(scope)
-        return scope_statistics(scope, policy, reply, anyio.current_time(), waiting)
+        return scope_statistics(scope, policy, reply, _now(), waiting)
 
     # -- internals: acquiring ------------------------------------------------------
 
@@ -448,7 +449,7 @@ class RedisBackend:
     ) -> Any:
         """Ask Redis, waiting in this process's line between attempts; fall back if it is away."""
         line = self._line
-        if self._link.may_try(anyio.current_time()):
+        if self._link.may_try(_now()):
             if local.max_waiters is not None and line.waiting >= local.max_waiters:
                 raise Overloaded(f"{line.waiting} requests are already waiting (max_waiters)")
 
@@ -461,7 +462,7 @@ class RedisBackend:
                 if isinstance(exc, ThrottleTimeout):
                     raise
                 self._holdings.outage()
-                self._link.unavailable(exc, anyio.current_time())  # raises if failing closed
+                self._link.unavailable(exc, _now())  # raises if failing closed
             else:
                 return await self._until_send(lease)
         return await self._acquire_locally(local, costs, priority, deadline)
@@ -513,14 +514,14 @@ class RedisBackend:
 
     async def _until_send(self, lease: RedisLease) -> RedisLease:
         """Sleep until a reserved grant's send time; hand it back if cancelled."""
-        if lease.send_at > anyio.current_time():
+        if lease.send_at > _now():
             try:
                 await anyio.sleep_until(lease.send_at)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self._hand_back(lease)
                 raise
-        lease.granted_at = anyio.current_time()
+        lease.granted_at = _now()
         return lease
 
     # -- internals: releasing ------------------------------------------------------
