@@ -78,7 +78,9 @@ import asyncio
 import inspect
 import logging
 import math
+import os
 import sys
+import traceback
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -761,6 +763,8 @@ def _is_robots_txt(request: Request) -> bool:
         return False
 
 
+#: Where throttlekit's own modules are (errors raised there name the setting).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Exceptions already reported in one line by :func:`_report_start_failure`.
 _REPORTED: list[BaseException] = []
 
@@ -770,6 +774,10 @@ def _report_start_failure(crawler: Crawler, exc: BaseException) -> None:
     the traceback of the same error (asyncio's "Task exception was never
     retrieved", Twisted's "Unhandled error in Deferred")."""
     message = f"throttlekit: the crawl cannot start: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and not frames[-1].filename.startswith(_PACKAGE_DIR):
+        # Raised by the project's code (a THROTTLING_LIMITER factory...): say where.
+        message += f" (raised at {frames[-1].filename}:{frames[-1].lineno})"
     logger.critical(message)
     if not crawler.settings.getbool("LOG_ENABLED", True) and logger.hasHandlers():
         # --nolog: Scrapy's handlers print nothing (without any handler,
