@@ -739,6 +739,31 @@ async def test_middleware_configuration(caplog: pytest.LogCaptureFixture) -> Non
     assert "DOWNLOAD_SLOTS" in messages
 
 
+@pytest.mark.skipif(not SCRAPY_2_14, reason="in-process crawlers need Scrapy >= 2.14")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"], indirect=True)
+@pytest.mark.anyio
+async def test_start_up_errors_are_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.CRITICAL, logger="throttlekit.adapters.scrapy"):
+        with pytest.raises(ValueError, match="THROTTLING_MAX_WAITING"):
+            ThrottlingMiddleware.from_crawler(crawler_with({"THROTTLING_MAX_WAITING": -1}))
+        with pytest.raises(ValueError, match="no Redis URL"):
+            ThrottlingMiddleware.from_crawler(
+                crawler_with({"THROTTLING_LIMITER": f"{__name__}.broken_limiter"})
+            )
+    own, project = (record.getMessage() for record in caplog.records)
+    assert own == (
+        "throttlekit: the crawl cannot start: THROTTLING_MAX_WAITING must be >= 0, got -1"
+    )
+    # An error of the project's code says where it was raised.
+    assert project.startswith("throttlekit: the crawl cannot start: no Redis URL configured")
+    assert f"(raised at {__file__}:" in project
+
+
+def broken_limiter(crawler: Crawler) -> Limiter:
+    """A THROTTLING_LIMITER factory that fails."""
+    raise ValueError("no Redis URL configured")
+
+
 SHARED: list[Limiter] = []
 
 
