@@ -697,6 +697,52 @@ def test_eviction_does_not_forget_an_open_quota_window() -> None:
     assert not core.enqueue(ticket, 4000.0), "the day's quota of 1 request is already used"
 
 
+def _fill_bound(core: Scheduler, count: int, now: float) -> None:
+    for index in range(count):
+        core.release(_use(core, f"old-{index}", now), now)
+
+
+def test_a_new_scope_at_the_cap_looks_at_few_ledgers_while_every_scope_still_binds() -> None:
+    """The idle scopes are a heap keyed by when they may be forgotten: at the cap,
+    with every old scope inside its 10 s delay, a new scope looks at one ledger
+    (the heap's top) instead of going round all of them, and evicts none."""
+    count = 2_000
+    core = Scheduler(default=ScopePolicy(concurrency=1, delay=10.0, slot_delay=0), max_scopes=count)
+    _fill_bound(core, count, 0.0)
+    looked = core.looked
+    for index in range(500):
+        core.release(_use(core, f"new-{index}", 1.0), 1.0)
+    assert core.looked - looked <= 500, "one look per new scope"
+    assert len(core.scopes) == count + 500, "no old scope could be forgotten yet"
+    # Once their delays have run out, new scopes bring the count back to the cap,
+    # the scopes that could be forgotten earliest going first.
+    for index in range(200):
+        core.release(_use(core, f"later-{index}", 20.0), 20.0)
+    assert len(core.scopes) <= count + 500
+    looked = core.looked
+    for index in range(2_000):
+        core.release(_use(core, f"last-{index}", 30.0 + index), 30.0 + index)
+    assert len(core.scopes) == count
+    assert core.looked - looked <= 8 * 2_000
+    assert "old-0" not in core.scopes
+    assert "last-1999" in core.scopes
+
+
+def test_eviction_work_per_new_scope_is_bounded_when_every_key_is_stale() -> None:
+    """Scopes used again after they were listed have stale heap keys; fixing them is
+    spread over the next new scopes (at most 8 looks each), never a sweep of all."""
+    count = 1_000
+    core = Scheduler(default=ScopePolicy(concurrency=1, delay=1.0, slot_delay=0), max_scopes=count)
+    _fill_bound(core, count, 0.0)
+    for index in range(count):  # every scope used again: every listed key is stale now
+        core.release(_use(core, f"old-{index}", 5.0), 5.0)
+    for index in range(100):
+        looked = core.looked
+        core.release(_use(core, f"new-{index}", 10.0), 10.0)
+        assert core.looked - looked <= 8
+    assert all(ledger.in_flight == 0 for ledger in core.scopes.values())
+
+
 # -- stateful test ---------------------------------------------------------------------------
 
 

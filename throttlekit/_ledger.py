@@ -187,8 +187,10 @@ class ScopeLedger:
         self.jitter = policy.jitter
         self.concurrency = policy.concurrency
         self.blocked_until = -INF
-        self.plain = False
-        self.refresh()
+        if self.controllers:
+            self.refresh()
+        else:
+            self._update_plain()
 
     def __repr__(self) -> str:
         return (
@@ -242,8 +244,11 @@ class ScopeLedger:
             # A new delay applies from the last send, with the jitter drawn then.
             self.next_send_at += (delay - self.delay) * self.factor
         self.delay = delay
+        self._update_plain()
+
+    def _update_plain(self) -> None:
+        """Whether only concurrency, delay and a server block bind it (the fast path applies)."""
         policy = self.policy
-        # Only concurrency, delay and a server block bind it: the fast path applies.
         self.plain = (
             not self.controllers
             and policy.quota is None

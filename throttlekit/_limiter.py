@@ -301,9 +301,13 @@ class Limiter:
         :mod:`throttlekit.scopes`. Default: :func:`~throttlekit.scopes.by_host`.
     :param max_waiters: most requests waiting at once; one more raises
         :class:`Overloaded`. ``None`` = unlimited.
-    :param max_scopes: most scopes kept in memory; the longest idle go first.
-    :param max_idle: seconds an idle scope (nothing in flight or waiting) keeps
-        its learned state before it may be evicted.
+    :param max_scopes: most scopes kept in memory; above it, the idle scope that
+        could be forgotten earliest goes first. A scope whose delay, quota window
+        or server block still runs is kept until it has run out (forgetting it
+        would let its next request out early), so while every scope is bound
+        the limiter holds more than ``max_scopes`` for that long.
+    :param max_idle: seconds after its last send that an idle scope (nothing in
+        flight or waiting) keeps its learned state before it may be evicted.
     :param seed: seed for the jitter's random numbers (for reproducible runs).
     :param robotstxt_max_delay: the cap on robots.txt Crawl-Delay (seconds).
     :param backend: a shared state backend (e.g.

@@ -352,17 +352,18 @@ class Scheduler:
             self._release(ticket)
             ticket.state = CANCELLED
 
-    def release(self, ticket: Ticket, now: float | None = None) -> None:
+    def release(self, ticket: Ticket, now: float | None = None) -> bool:
         """The request of ``ticket`` is done: give back its concurrency.
 
         Needs no clock (``now`` is accepted for symmetry with the other calls):
-        whatever this frees is granted by the next :meth:`dispatch`.
+        whatever this frees is granted by the next :meth:`dispatch`. Returns
+        :attr:`pending`: whether that has work to do now.
         """
         if ticket.state == GRANTED:
             ticket.state = RELEASED
             ledgers = ticket.ledgers
             if len(ledgers) == 1 and ledgers[0].plain:
-                # One scope without slot delays: ledger.release and _release, inline.
+                # One plain scope: ledger.release and _release, inline.
                 ledger = ledgers[0]
                 ledger.in_flight -= 1
                 if ledger.waiting:
@@ -375,6 +376,7 @@ class Scheduler:
                     self._mark(gate)
             else:
                 self._release(ticket)
+        return bool(self._dirty)
 
     def feedback(
         self,

@@ -181,9 +181,7 @@ class MemoryBackend:
     def release_nowait(self, lease: Ticket) -> bool:
         """Give the lease back (idempotent); always done at once here, without a clock
         read unless a waiter may be granted."""
-        core = self.core
-        core.release(lease)
-        if core.pending:
+        if self.core.release(lease):
             self._kick(_now())
         return True
 
