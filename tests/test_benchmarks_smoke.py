@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SUITES = {"uncontended", "scopes", "contended", "quality", "redis"}
+SUITES = {"uncontended", "scopes", "contended", "cap", "quality", "redis"}
 
 pytestmark = pytest.mark.slow
 
@@ -129,3 +129,20 @@ def test_unknown_suite_is_refused() -> None:
     listing = _run("benchmarks", "--list")
     assert listing.returncode == 0
     assert {line.split()[0] for line in listing.stdout.splitlines()} == SUITES
+
+
+def test_quick_run_measures_a_new_scope_at_the_cap_and_calls_per_op(
+    quick: tuple[dict[str, Any], str, Path],
+) -> None:
+    document, _, _ = quick
+    per_op = document["suites"]["uncontended"]["data"]["per_op"]
+    assert per_op["throttlekit"]["calls_per_op"] > 0
+    assert per_op["asyncio.Semaphore"]["calls_per_op"] > 0
+    cap = document["suites"]["cap"]["data"]
+    bound = cap["throttlekit, 10 s delay"]
+    assert bound["per_new_scope_ns"] > 0
+    # Every old scope is inside its delay: none may be forgotten, the new ones are kept.
+    assert bound["scopes_after"] > bound["max_scopes"]
+    assert (
+        cap["throttlekit, no delay"]["scopes_after"] == cap["throttlekit, no delay"]["max_scopes"]
+    )

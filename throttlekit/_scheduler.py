@@ -166,16 +166,6 @@ class Scheduler:
     def policy_for(self, name: str) -> ScopePolicy:
         return self.policies.get(name, self.default)
 
-    def ledger(self, name: str, now: float) -> ScopeLedger:
-        """The ledger of scope ``name``, created on demand (idle, so it may be evicted)."""
-        ledger = self.scopes.get(name)
-        if ledger is None:
-            if len(self.scopes) >= self.max_scopes:
-                self._evict(now, 1)
-            ledger = self.scopes[name] = ScopeLedger(name, self.policy_for(name))
-            self._list(ledger, now)
-        return ledger
-
     def set_policy(self, name: str, policy: ScopePolicy) -> None:
         """Give scope ``name`` a new policy; its live counters are kept."""
         self.policies[name] = policy
