@@ -13,6 +13,7 @@ Quick start::
 
 from __future__ import annotations
 
+from ._adaptive import Adaptive
 from ._autothrottle import AutoThrottle
 from ._backoff import Backoff
 from ._controller import BaseController, Controller, Feedback, ScopeSnapshot, ScopeView
@@ -29,6 +30,7 @@ from ._rampup import Rampup
 from ._stats import LimiterStatistics, ScopeStatistics
 
 __all__ = [
+    "Adaptive",
     "AutoThrottle",
     "BackendUnavailable",
     "Backoff",

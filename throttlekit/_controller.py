@@ -235,8 +235,7 @@ class SlotState:
         return {name: getattr(self, name) for name in self.STATE}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore the slots named in ``STATE`` (tuples come back from JSON as lists)."""
+        """Restore the slots named in ``STATE``."""
         for name in self.STATE:
             if name in state:
-                value = state[name]
-                setattr(self, name, tuple(value) if isinstance(value, list) else value)
+                setattr(self, name, state[name])

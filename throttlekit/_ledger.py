@@ -35,7 +35,7 @@ _NO_JITTER = (0.0, 0.0)
 
 
 def build_controllers(policy: ScopePolicy) -> tuple[Controller, ...]:
-    """The controllers a policy asks for, in order: rampup, backoff, AutoThrottle, custom.
+    """The controllers a policy asks for, in order: rampup, adaptive, backoff, AutoThrottle, custom.
 
     Plain backoff (without rampup) is left out: it does nothing until the first
     signal or rate-limit header, so :func:`with_feedback_controllers` adds it
@@ -45,8 +45,11 @@ def build_controllers(policy: ScopePolicy) -> tuple[Controller, ...]:
     backoff = policy.backoff
     if policy.rampup is not None:
         controllers.append(policy.rampup.controller(policy, backoff or _DEFAULT_BACKOFF))
-        if backoff is not None:
-            controllers.append(attrs.evolve(backoff, headers_only=True).controller(policy))
+    if policy.adaptive is not None:
+        controllers.append(policy.adaptive.controller(policy))
+    if backoff is not None and (policy.rampup is not None or policy.adaptive is not None):
+        # Rampup or Adaptive steps the scope; backoff only honours the headers.
+        controllers.append(attrs.evolve(backoff, headers_only=True).controller(policy))
     if policy.autothrottle is not None:
         controllers.append(policy.autothrottle.controller(policy))
     controllers.extend(factory(policy) for factory in policy.controllers)
@@ -58,7 +61,7 @@ def with_feedback_controllers(
 ) -> tuple[Controller, ...]:
     """``controllers``, with the policy's backoff added on the first feedback that needs it."""
     backoff = policy.backoff
-    if backoff is None or policy.rampup is not None:
+    if backoff is None or policy.rampup is not None or policy.adaptive is not None:
         return controllers
     info = feedback.rate_limit
     asks_to_wait = info is not None and (info.wait() is not None or info.pace() is not None)
@@ -269,10 +272,11 @@ class ScopeLedger:
         """Switch to ``policy``; controllers are rebuilt only if their configuration changed."""
         old = self.policy
         self.policy = policy
-        if (old.backoff, old.autothrottle, old.rampup, old.controllers) != (
+        if (old.backoff, old.autothrottle, old.rampup, old.adaptive, old.controllers) != (
             policy.backoff,
             policy.autothrottle,
             policy.rampup,
+            policy.adaptive,
             policy.controllers,
         ):
             self.controllers = build_controllers(policy)

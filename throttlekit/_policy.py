@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from ._adaptive import Adaptive
 from ._autothrottle import AutoThrottle
 from ._backoff import Backoff
 from ._checks import concurrency_limit, non_negative, normalize_jitter, optional_positive, positive
@@ -50,6 +51,10 @@ class ScopePolicy:
     :param autothrottle: latency-driven delay (Scrapy's AutoThrottle); off by default.
     :param rampup: probe for more throughput until the server pushes back
         (pay-per-request APIs); off by default.
+    :param adaptive: find and hold the rate and concurrency the server allows,
+        with this policy as the ceiling (see :class:`Adaptive`); off by default.
+        With it, the scope's ``backoff`` only honours ``Retry-After`` and
+        rate-limit headers: Adaptive does the slowing down.
     :param ignore_robots_txt: keep this explicit policy silently when robots.txt
         gives a different ``Crawl-Delay`` (otherwise a warning is logged once).
     :param controllers: factories called once per scope with this policy to
@@ -77,6 +82,9 @@ class ScopePolicy:
     )
     rampup: Rampup | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Rampup))
+    )
+    adaptive: Adaptive | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Adaptive))
     )
     ignore_robots_txt: bool = attrs.field(
         default=False, validator=attrs.validators.instance_of(bool)

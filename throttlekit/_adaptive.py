@@ -1,0 +1,485 @@
+"""Adaptive: find and hold the rate and concurrency a server allows."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._backoff import DEFAULT_BACKOFF_EXCEPTIONS, Backoff
+from ._checks import check_number, positive
+from ._controller import SlotState
+
+if TYPE_CHECKING:
+    from ._controller import Feedback, ScopeView
+    from ._policy import ScopePolicy
+
+__all__ = ["Adaptive", "AdaptiveState"]
+
+logger = logging.getLogger("throttlekit.adaptive")
+
+INF = math.inf
+
+#: Statuses that mean "overloaded" when they carry no ``Retry-After``.
+_OVERLOAD_CODES = frozenset({500, 502, 503, 504, 520, 521, 522, 523, 524})
+#: Width of the send-time buckets that count sends and acceptances (seconds).
+_BUCKET = 0.05
+#: Buckets kept: the horizon of the measured rates.
+_BUCKETS = 40
+#: The horizon (seconds) over which a throttle's edge is measured.
+_EDGE_HORIZON = 1.0
+#: Outcomes remembered for the overload share.
+_OUTCOMES = 40
+#: Vegas thresholds: grow below this many requests queued at the server, shrink above the other.
+_QUEUE_LOW = 1.0
+_QUEUE_HIGH = 2.5
+#: The windowed minimum RTT keeps two epochs of this length.
+_RTT_EPOCH = 30.0
+
+
+def _above_zero_below_one(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    check_number(attribute.name, value, minimum=0.0, strict=True)
+    if value >= 1.0:  # type: ignore[operator]
+        raise ValueError(f"{attribute.name} must be in (0, 1), got {value!r}")
+
+
+def _max_concurrency(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Adaptive:
+    """Find and hold what a server allows: its rate limit and its capacity.
+
+    Give a scope a ceiling (``ScopePolicy(concurrency=16, delay=0, ...)``) and
+    Adaptive finds how fast the server lets it go, without the refusals a
+    fixed guess costs. Two loops, each driven by the signal it can trust:
+
+    * **Rate** (policy limits: 429s, ``Retry-After``). It starts slowly
+      (``start_rate`` per second, doubling every half second while the scope
+      uses it) instead of bursting into an unknown quota. On a throttle (a
+      429, or any response with ``Retry-After``) it measures the *edge*: the
+      rate the server accepted in the second before the refused send. It
+      pauses until the server's window has drained what was sent above the
+      edge, resumes just below it, holds ``headroom`` below the edge for a
+      while (longer each time the same edge is confirmed, and long enough
+      that a probe's cost stays small), then probes upward, slowly at first,
+      in case the limit rose. Throttles from requests sent before the last
+      cut count as that cut. The rate never exceeds twice the measured send
+      rate, so an idle scope does not earn a burst.
+    * **Concurrency** (capacity: latency grows with load). It compares the
+      median latency of each round of responses with the recent minimum
+      latency and estimates the requests queued at the server
+      (``limit * (1 - min / median)``): it grows the limit while the queue is
+      under one request and shrinks it above 2.5, never growing while the
+      scope does not use what it has.
+
+    Random errors do not move it: only when overload errors (5xx without
+    ``Retry-After``, timeouts, dropped connections) are at least
+    ``overload_share`` of the last 40 outcomes (and at least 10 of them) does
+    it cut rate and concurrency by ``overload_cut``.
+
+    The policy is the ceiling: the scope's delay is the larger of the
+    policy's and Adaptive's, its concurrency the smaller. ``Retry-After`` and
+    rate-limit headers are honoured by the scope's :class:`Backoff` (which
+    then only reads headers: Adaptive does the stepping).
+
+    :param start_rate: requests per second at the start (> 0). Default 4.0.
+    :param headroom: how far below the measured edge to hold, as a fraction
+        (0 < h < 1). Default 0.03.
+    :param hold: seconds to hold below a newly found edge before probing;
+        doubled per confirmation of the same edge, up to ``max_hold``. Default 10.0.
+    :param max_hold: the longest hold in seconds. Default 60.0.
+    :param overload_share: the share of overload errors among recent outcomes
+        that cuts rate and concurrency (0 < s < 1). Default 0.25.
+    :param overload_cut: the factor of that cut (0 < f < 1). Default 0.7.
+    :param max_concurrency: the highest concurrency it grows to when the
+        policy sets none. Default 256.
+
+    Usage::
+
+        ScopePolicy(concurrency=16, delay=0, slot_delay=0, adaptive=Adaptive())
+    """
+
+    start_rate: float = attrs.field(default=4.0, validator=positive)
+    headroom: float = attrs.field(default=0.03, validator=_above_zero_below_one)
+    hold: float = attrs.field(default=10.0, validator=positive)
+    max_hold: float = attrs.field(default=60.0, validator=positive)
+    overload_share: float = attrs.field(default=0.25, validator=_above_zero_below_one)
+    overload_cut: float = attrs.field(default=0.7, validator=_above_zero_below_one)
+    max_concurrency: int = attrs.field(default=256, validator=_max_concurrency)
+
+    def __attrs_post_init__(self) -> None:
+        if self.hold > self.max_hold:
+            raise ValueError(f"hold ({self.hold!r}) must not exceed max_hold ({self.max_hold!r})")
+
+    def controller(self, policy: ScopePolicy) -> AdaptiveState:
+        """Make the per-scope state for a scope with ``policy``."""
+        return AdaptiveState(self, policy)
+
+
+_BACKOFF_FOR_EXCEPTIONS = Backoff(exceptions=DEFAULT_BACKOFF_EXCEPTIONS)
+
+
+class AdaptiveState(SlotState):
+    """The live state of :class:`Adaptive` for one scope (plain data, see ``STATE``)."""
+
+    __slots__ = (
+        "blocked_until",
+        "buckets",
+        "concurrency",
+        "config",
+        "cut_at",
+        "edge",
+        "empty",
+        "hold_for",
+        "limit_growing",
+        "ok_since_cut",
+        "outcomes",
+        "phase",
+        "phase_at",
+        "rate",
+        "reason",
+        "resumed_at",
+        "round",
+        "round_busy",
+        "rtt_epoch",
+        "rtt_min",
+        "rtt_prev",
+        "target",
+    )
+
+    STATE = (
+        "blocked_until",
+        "buckets",
+        "concurrency",
+        "cut_at",
+        "edge",
+        "empty",
+        "hold_for",
+        "limit_growing",
+        "ok_since_cut",
+        "outcomes",
+        "phase",
+        "phase_at",
+        "rate",
+        "reason",
+        "resumed_at",
+        "round",
+        "round_busy",
+        "rtt_epoch",
+        "rtt_min",
+        "rtt_prev",
+        "target",
+    )
+    jitter = None
+    replaces_policy = False
+    due = INF  # it learns from feedback only (and so shares well through Redis)
+
+    def __init__(self, config: Adaptive, policy: ScopePolicy) -> None:
+        self.config = config
+        self.rate = config.start_rate  # requests per second (inf = no opinion)
+        self.phase = "start"  # start, recover, hold, probe
+        self.phase_at: float | None = None
+        self.edge: float | None = None  # the last measured accepted rate at a throttle
+        self.target = INF  # the rate held below the edge
+        self.hold_for = config.hold
+        self.cut_at = -INF  # requests sent before this are part of the last cut
+        self.ok_since_cut = 0
+        self.empty = 0  # throttles in a row with nothing accepted in between
+        self.resumed_at = -INF  # when sending resumed after the last cut
+        self.blocked_until = -INF
+        # [bucket index, sends, accepted] by send time, oldest first.
+        self.buckets: list[list[int]] = []
+        self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last _OUTCOMES
+        ceiling = policy.concurrency
+        self.concurrency: int | None = min(2, ceiling) if ceiling is not None else 2
+        self.limit_growing = True  # Vegas slow start: double per round
+        self.round: list[float] = []  # latencies of the current round
+        self.round_busy = False  # whether the scope used at least half its limit this round
+        self.rtt_min = INF
+        self.rtt_prev = INF
+        self.rtt_epoch = -INF
+        self.reason = f"adaptive: starting at {self.rate:g}/s"
+
+    def __repr__(self) -> str:
+        return (
+            f"<AdaptiveState {self.phase} rate={self.rate:.3g}/s edge={self.edge} "
+            f"concurrency={self.concurrency}>"
+        )
+
+    @property
+    def delay(self) -> float:
+        """Seconds between sends for the current rate."""
+        rate = self.rate
+        return 0.0 if rate == INF else 1.0 / rate
+
+    def on_send(self, scope: ScopeView, now: float) -> None:
+        return None
+
+    # -- feedback ------------------------------------------------------------------
+
+    def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
+        sent_at = feedback.sent_at if feedback.sent_at is not None else now
+        if self.phase_at is None:
+            self.phase_at = sent_at
+        kind = self._classify(feedback)
+        self._count(sent_at, accepted=kind == "ok")
+        if kind == "ok" and sent_at > self.cut_at:
+            self.ok_since_cut += 1
+        self._remember(1 if kind == "overload" else 0)
+        if kind == "throttle":
+            info = feedback.rate_limit
+            quota_headers = info is not None and info.remaining is not None
+            if sent_at > self.cut_at and not quota_headers:
+                wait = info.retry_after if info is not None else None
+                self._on_throttle(scope, sent_at, now, wait or 0.0)
+        elif kind == "overload":
+            if self._overloaded():
+                self._cut_for_overload(scope, now)
+        elif (
+            feedback.latency is not None
+            and feedback.status is not None
+            and feedback.status < 500
+            and feedback.adjust_delay
+        ):
+            self._latency_sample(scope, feedback.latency, now)
+        self._advance(scope, now)
+
+    @staticmethod
+    def _classify(feedback: Feedback) -> str:
+        status = feedback.status
+        info = feedback.rate_limit
+        if status == 429 or (
+            status is not None and status >= 400 and info is not None and info.retry_after
+        ):
+            return "throttle"
+        if status is None:
+            exception = feedback.exception
+            if exception is not None and isinstance(
+                exception, _BACKOFF_FOR_EXCEPTIONS.exception_classes()
+            ):
+                return "overload"
+            return "other"
+        if status in _OVERLOAD_CODES:
+            return "overload"
+        return "ok"
+
+    # -- measured rates ------------------------------------------------------------
+
+    def _count(self, sent_at: float, *, accepted: bool) -> None:
+        index = math.floor(sent_at / _BUCKET)
+        buckets = self.buckets
+        for bucket in reversed(buckets):
+            if bucket[0] == index:
+                bucket[1] += 1
+                bucket[2] += accepted
+                return
+            if bucket[0] < index:
+                break
+        if buckets and index < buckets[0][0]:
+            return  # older than the horizon
+        buckets.append([index, 1, int(accepted)])
+        buckets.sort()
+        newest = buckets[-1][0]
+        while buckets[0][0] <= newest - _BUCKETS:
+            buckets.pop(0)
+
+    def _measured(self, start: float, end: float, column: int, extra: int = 0) -> float:
+        """Sends (column 1) or acceptances (column 2) per second, sent from ``start`` to ``end``.
+
+        Whole buckets from the first that starts after ``start`` up to the one
+        holding ``end``, over the time from that bucket's start to ``end``;
+        ``extra`` adds requests not counted yet (in flight).
+        """
+        first = math.floor(start / _BUCKET) + 1
+        last = math.floor(end / _BUCKET)
+        span = end - first * _BUCKET
+        if span <= 0:
+            return 0.0
+        total = sum(bucket[column] for bucket in self.buckets if first <= bucket[0] <= last)
+        return (total + extra) / span
+
+    def _remember(self, overload: int) -> None:
+        outcomes = self.outcomes
+        outcomes.append(overload)
+        if len(outcomes) > _OUTCOMES:
+            del outcomes[0]
+
+    def _overloaded(self) -> bool:
+        outcomes = self.outcomes
+        return len(outcomes) >= 10 and sum(outcomes) >= self.config.overload_share * len(outcomes)
+
+    # -- the rate loop -------------------------------------------------------------
+
+    def _on_throttle(self, scope: ScopeView, sent_at: float, now: float, wait: float) -> None:
+        config = self.config
+        horizon = _EDGE_HORIZON
+        # What the server accepted in the second before the refused send:
+        # those that answered, and (about) those still in flight.
+        flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
+        sent = self._measured(sent_at - horizon, sent_at, 1, flying)
+        edge = self._measured(sent_at - horizon, sent_at, 2, flying)
+        pause = 0.0
+        old = self.edge
+        if self.cut_at > -INF and self.ok_since_cut == 0:
+            # Nothing accepted since the last cut: the server is closed for
+            # now. Wait, longer each time, rather than knock again and again.
+            self.empty += 1
+            pause = min(config.max_hold, 0.5 * 2.0**self.empty)
+            edge = min(edge, (old or edge) * config.overload_cut)
+        else:
+            self.empty = 0
+            if self.phase == "probe":
+                # Probing from a target that held: the edge is at least that
+                # target; two seconds near the edge measure it more finely.
+                edge = max(
+                    self._measured(sent_at - 2 * horizon, sent_at, 2, flying), self.target
+                )
+            elif self.phase in ("recover", "hold"):
+                if sent_at - max(self.cut_at, self.resumed_at) < 2 * horizon:
+                    return  # an echo of what the server's window still holds
+                # Refused at or below the target: the limit is lower than we
+                # thought (it dropped, or its window is longer than a second).
+                edge = min(edge, 0.95 * (old or edge))
+        if edge <= 0:
+            edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
+        confirmed = old is not None and abs(edge - old) <= 0.07 * old
+        hold = min(config.max_hold, self.hold_for * 2) if confirmed else config.hold
+        # Long enough that a probe's cost (one server-imposed wait) stays near 2 %.
+        self.hold_for = min(config.max_hold, max(hold, 50.0 * wait))
+        self.edge = edge
+        self.target = edge * (1.0 - config.headroom)
+        # Pause until the server's window has let go of what went out above the edge.
+        excess = (sent - edge) * horizon
+        if excess > 0:
+            pause = max(pause, min(horizon, excess / edge))
+        if pause:
+            self.blocked_until = max(self.blocked_until, now + pause)
+        self.resumed_at = max(now + pause, now + wait)
+        self.rate = min(self.target, edge * 0.9)
+        self.phase = "recover"
+        self.phase_at = max(now, self.blocked_until)
+        self.cut_at = now
+        self.ok_since_cut = 0
+        self.reason = (
+            f"adaptive: throttled at {sent:.3g}/s, edge {edge:.3g}/s, "
+            f"holding {self.hold_for:g} s"
+        )
+        logger.debug(
+            "scope %s: throttled at %.3f/s, edge %.3f/s (%s), rate -> %.3f/s, hold %g s",
+            scope.name,
+            sent,
+            edge,
+            "confirmed" if confirmed else "new",
+            self.rate,
+            self.hold_for,
+        )
+
+    def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
+        config = self.config
+        sent = self._measured(now - 2.0, now, 1)
+        old_rate, old_limit = self.rate, self.concurrency
+        base = min(self.rate, sent) if sent > 0 else self.rate
+        self.rate = max(0.05, base * config.overload_cut)
+        self.edge = None
+        self.target = self.rate
+        self.phase = "hold"
+        self.phase_at = now
+        self.hold_for = config.hold
+        self.cut_at = now
+        self.ok_since_cut = 0
+        limit = self.concurrency if self.concurrency is not None else max(1, scope.in_flight)
+        self.concurrency = max(1, int(limit * config.overload_cut))
+        self.limit_growing = False
+        self.outcomes = []
+        self.reason = f"adaptive: overloaded, rate {self.rate:.3g}/s, concurrency {self.concurrency}"
+        logger.debug(
+            "scope %s: overload errors, rate %.3f -> %.3f/s, concurrency %s -> %s",
+            scope.name,
+            old_rate,
+            self.rate,
+            old_limit,
+            self.concurrency,
+        )
+
+    def _advance(self, scope: ScopeView, now: float) -> None:
+        """Move the rate along its phase: slow start, recovery, hold, probe."""
+        phase_at = self.phase_at if self.phase_at is not None else now
+        elapsed = now - phase_at
+        sent = self._measured(now - 1.0, now, 1)
+        ceiling = max(2.0 * sent, self.config.start_rate)  # no burst earned while idle
+        if self.phase == "start":
+            if elapsed >= 0.5:
+                if sent >= 0.5 * self.rate:  # the scope uses its rate: double it
+                    self.rate = min(self.rate * 2.0, ceiling * 2.0)
+                self.phase_at = now
+            return
+        target = self.target
+        if self.phase == "recover":
+            if elapsed < 0:
+                return
+            # From the restart rate up to the target within two seconds.
+            self.rate = min(target, self.rate + (target - self.rate) * min(1.0, elapsed / 2.0))
+            if self.rate >= target or elapsed >= 2.0:
+                self.rate = target
+                self.phase, self.phase_at = "hold", now
+            return
+        if self.phase == "hold":
+            if elapsed >= self.hold_for:
+                self.phase, self.phase_at = "probe", now
+                self.reason = f"adaptive: probing above {target:.3g}/s"
+            return
+        # probe: slow near the known edge, faster away from it (a convex climb)
+        probe = target * (1.0 + 0.002 * elapsed + 0.004 * elapsed * elapsed)
+        self.rate = min(probe, max(ceiling, target))
+
+    # -- the concurrency loop ------------------------------------------------------
+
+    def _latency_sample(self, scope: ScopeView, latency: float, now: float) -> None:
+        if not math.isfinite(latency) or latency < 0:
+            return
+        if now - self.rtt_epoch >= _RTT_EPOCH:
+            self.rtt_prev, self.rtt_min, self.rtt_epoch = self.rtt_min, INF, now
+        if latency < self.rtt_min:
+            self.rtt_min = latency
+        limit = self.concurrency
+        if limit is None:
+            return
+        if scope.in_flight >= limit / 2:
+            self.round_busy = True
+        self.round.append(latency)
+        if len(self.round) < max(3, limit):
+            return
+        samples = sorted(self.round)
+        median = samples[len(samples) // 2]
+        busy = self.round_busy
+        self.round, self.round_busy = [], False
+        floor = min(self.rtt_min, self.rtt_prev)
+        if median <= 0 or floor == INF:
+            return
+        queue = limit * (1.0 - floor / median)
+        ceiling = scope.policy.concurrency
+        top = ceiling if ceiling is not None else self.config.max_concurrency
+        old = limit
+        if queue > _QUEUE_HIGH:
+            self.limit_growing = False
+            limit = max(1, limit - 1 if queue < 2 * _QUEUE_HIGH else int(limit * 0.9))
+        elif queue < _QUEUE_LOW and busy:
+            limit = min(top, limit * 2 if self.limit_growing else limit + 1)
+        elif queue >= _QUEUE_LOW:
+            self.limit_growing = False
+        self.concurrency = limit
+        if limit != old:
+            logger.debug(
+                "scope %s: latency %.3f s over %.3f s minimum (queue %.2f), concurrency %s -> %s",
+                scope.name,
+                median,
+                floor,
+                queue,
+                old,
+                limit,
+            )
