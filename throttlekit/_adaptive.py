@@ -89,7 +89,7 @@ class Adaptive:
 
     :param start_rate: requests per second at the start (> 0). Default 4.0.
     :param headroom: how far below the measured edge to hold, as a fraction
-        (0 < h < 1). Default 0.03.
+        (0 < h < 1). Default 0.02.
     :param hold: seconds to hold below a newly found edge before probing;
         doubled per confirmation of the same edge, up to ``max_hold``. Default 10.0.
     :param max_hold: the longest hold in seconds. Default 60.0.
@@ -105,7 +105,7 @@ class Adaptive:
     """
 
     start_rate: float = attrs.field(default=4.0, validator=positive)
-    headroom: float = attrs.field(default=0.03, validator=_above_zero_below_one)
+    headroom: float = attrs.field(default=0.02, validator=_above_zero_below_one)
     hold: float = attrs.field(default=10.0, validator=positive)
     max_hold: float = attrs.field(default=60.0, validator=positive)
     overload_share: float = attrs.field(default=0.25, validator=_above_zero_below_one)
@@ -226,6 +226,9 @@ class AdaptiveState(SlotState):
         sent_at = feedback.sent_at if feedback.sent_at is not None else now
         if self.phase_at is None:
             self.phase_at = sent_at
+        info = feedback.rate_limit
+        if info is not None and info.limit is not None and info.window is not None:
+            self._stated_quota(scope, info.limit / info.window, now)
         kind = self._classify(feedback)
         self._count(sent_at, accepted=kind == "ok")
         if kind == "ok" and sent_at > self.cut_at:
@@ -340,11 +343,14 @@ class AdaptiveState(SlotState):
                     self._measured(sent_at - 2 * horizon, sent_at, 2, flying), self.target
                 )
             elif self.phase in ("recover", "hold"):
-                if sent_at - max(self.cut_at, self.resumed_at) < 2 * horizon:
+                if sent_at - max(self.cut_at, self.resumed_at) < horizon:
                     return  # an echo of what the server's window still holds
                 # Refused at or below the target: the limit is lower than we
                 # thought (it dropped, or its window is longer than a second).
-                edge = min(edge, 0.95 * (old or edge))
+                # Measure over up to two seconds of sending (not of waiting).
+                start = max(sent_at - 2 * horizon, self.resumed_at)
+                longer = self._measured(start, sent_at, 2, flying)
+                edge = longer if old is None or longer < 0.9 * old else 0.98 * old
         if edge <= 0:
             edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
         confirmed = old is not None and abs(edge - old) <= 0.07 * old
@@ -378,6 +384,16 @@ class AdaptiveState(SlotState):
             self.rate,
             self.hold_for,
         )
+
+    def _stated_quota(self, scope: ScopeView, rate: float, now: float) -> None:
+        """The server states its quota (limit per window): hold just below it, never probe."""
+        target = rate * (1.0 - self.config.headroom)
+        if self.edge != rate or self.phase != "hold":
+            logger.debug("scope %s: the server states a quota of %.3f/s", scope.name, rate)
+            self.reason = f"adaptive: the server's quota is {rate:.3g}/s"
+        self.edge, self.target = rate, target
+        self.rate = min(self.rate, target) if self.phase == "start" else target
+        self.phase, self.phase_at, self.hold_for = "hold", now, self.config.max_hold
 
     def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
         config = self.config

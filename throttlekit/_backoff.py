@@ -86,15 +86,21 @@ def resolve_exception(spec: str | type[BaseException]) -> type[BaseException] | 
     return None
 
 
+#: Below this many seconds, a reset (often whole seconds, rounded up) is too
+#: coarse to pace by: a reset of "1" may mean 0.1 s.
+MIN_PACE_RESET = 5.0
+
+
 def low_remaining_pace(info: RateLimitInfo) -> float | None:
     """Seconds between sends that spread a nearly spent server quota over its window.
 
-    ``None`` unless little is left: at most a fifth of the limit, or at most
-    10 requests when the limit is unknown (and the reset time is known).
+    ``None`` unless little is left (at most a fifth of the limit, or at most
+    10 requests when the limit is unknown) and the reset is at least
+    :data:`MIN_PACE_RESET` seconds away.
     """
     pace = info.pace()
     remaining = info.remaining
-    if pace is None or remaining is None:
+    if pace is None or remaining is None or (info.reset or 0.0) < MIN_PACE_RESET:
         return None
     limit = info.limit
     low = remaining <= 0.2 * limit if limit is not None else remaining <= 10
@@ -233,9 +239,11 @@ class BackoffState(SlotState):
         "_pace_delay",
         "_pace_until",
         "_step_at",
+        "_cap",
+        "_cap_until",
         "blocked_until",
-        "concurrency",
         "config",
+        "cut",
         "last_signal",
         "last_signal_at",
         "level",
@@ -252,8 +260,10 @@ class BackoffState(SlotState):
         "_pace_delay",
         "_pace_until",
         "_step_at",
+        "_cap",
+        "_cap_until",
         "blocked_until",
-        "concurrency",
+        "cut",
         "last_signal",
         "last_signal_at",
         "level",
@@ -266,7 +276,10 @@ class BackoffState(SlotState):
         self.config = config
         self.level = 0
         self.step_delay = 0.0
-        self.concurrency: int | None = None
+        self.cut: int | None = None  # the concurrency cut at max delay
+        # At most this many in flight until _cap_until: what the server said remains.
+        self._cap: int | None = None
+        self._cap_until = -INF
         self.blocked_until = -INF
         self.last_signal: str | None = None
         self.last_signal_at = -INF
@@ -283,7 +296,7 @@ class BackoffState(SlotState):
     def __repr__(self) -> str:
         return (
             f"<BackoffState level={self.level} delay={self.delay:g} "
-            f"concurrency={self.concurrency} blocked_until={self.blocked_until:g}>"
+            f"concurrency={self.cut} blocked_until={self.blocked_until:g}>"
         )
 
     @property
@@ -293,16 +306,26 @@ class BackoffState(SlotState):
 
     @property
     def active(self) -> bool:
-        return self.level > 0 or self.concurrency is not None
+        return self.level > 0 or self.cut is not None
+
+    @property
+    def concurrency(self) -> int | None:
+        """The concurrency cut, or what the server said remains, whichever is smaller."""
+        cut, cap = self.cut, self._cap
+        if cap is None:
+            return cut
+        return cap if cut is None else min(cut, cap)
 
     @property
     def due(self) -> float:
-        """When a send may step back (a quiet window ended) or end the header pace."""
+        """When a send may step back (a quiet window ended) or end a header's pace or cap."""
         due = INF
         if self.active:
             due = max(self.last_signal_at, self._step_at) + self.config.window
         if self._pace_delay and self._pace_until < due:
             due = self._pace_until
+        if self._cap is not None and self._cap_until < due:
+            due = self._cap_until
         return due
 
     def on_send(self, scope: ScopeView, now: float) -> bool:
@@ -313,6 +336,9 @@ class BackoffState(SlotState):
         if self._pace_delay and now >= self._pace_until:
             self._pace_delay = 0.0
             self._pace_until = -INF
+            changed = True
+        if self._cap is not None and now >= self._cap_until:
+            self._cap = None
             changed = True
         return changed
 
@@ -346,13 +372,13 @@ class BackoffState(SlotState):
         # The delay that was enforced (policy, AutoThrottle, pacing, this backoff).
         in_force = max(old, scope.delay)
         if self.level and old >= config.max_delay:
-            base = scope.concurrency if self.concurrency is None else self.concurrency
+            base = scope.concurrency if self.cut is None else self.cut
             if base is None:
                 base = max(1, scope.in_flight)
-            if self.concurrency is None:
+            if self.cut is None:
                 self._cut_from = base  # where stepping back ends the cut
-            self.concurrency = max(1, int(base * config.concurrency_factor))
-            self.reason = f"backoff: delay at max, concurrency cut to {self.concurrency}"
+            self.cut = max(1, int(base * config.concurrency_factor))
+            self.reason = f"backoff: delay at max, concurrency cut to {self.cut}"
         else:
             # The delay in force drew a signal: remember it as too fast, and go
             # back to the last delay known to be quiet, or multiply.
@@ -384,7 +410,7 @@ class BackoffState(SlotState):
             self.last_signal,
             old,
             self.step_delay,
-            self.concurrency,
+            self.cut,
             self.level,
         )
 
@@ -393,13 +419,13 @@ class BackoffState(SlotState):
         config = self.config
         old = self.step_delay
         self._step_at = now
-        if self.concurrency is not None:
-            raised = max(self.concurrency + 1, int(self.concurrency / config.concurrency_factor))
+        if self.cut is not None:
+            raised = max(self.cut + 1, int(self.cut / config.concurrency_factor))
             if raised >= self._cut_from:
-                self.concurrency = None
+                self.cut = None
             else:
-                self.concurrency = raised
-            self.reason = f"backoff: quiet, concurrency raised to {self.concurrency}"
+                self.cut = raised
+            self.reason = f"backoff: quiet, concurrency raised to {self.cut}"
         else:
             self._good_delay = min(self._good_delay, old)
             floor = scope.policy.delay
@@ -423,7 +449,7 @@ class BackoffState(SlotState):
             self.step_delay = target
             self.reason = f"backoff: quiet for {config.window:g} s, stepping back"
         self.level = max(1, self.level - 1)
-        if not self.step_delay and self.concurrency is None:
+        if not self.step_delay and self.cut is None:
             self.level = 0
             self._bad_delay = 0.0
             self._good_delay = INF
@@ -435,13 +461,26 @@ class BackoffState(SlotState):
             config.window,
             old,
             self.step_delay,
-            self.concurrency,
+            self.cut,
             self.level,
         )
 
     def _apply_headers(self, scope: ScopeView, info: RateLimitInfo, now: float) -> None:
         max_delay = self.config.max_delay
         wait = info.wait()
+        limit, window = info.limit, info.window
+        if (
+            wait is not None
+            and info.retry_after is None
+            and wait < MIN_PACE_RESET
+            and limit is not None
+            and window is not None
+            and scope.delay >= 0.9 * window / limit
+        ):
+            # The quota is spent, but the scope already paces at the quota the
+            # server states, and a reset this short is too coarse to trust
+            # (whole seconds, rounded up): wait one pacing interval, not a window.
+            wait = min(wait, window / limit)
         if wait is not None and wait > 0:
             until = now + min(wait, max_delay)
             if until > self.blocked_until:
@@ -456,6 +495,11 @@ class BackoffState(SlotState):
         if pace is not None:
             self._pace_delay = min(pace, max_delay)
             self._pace_until = now + min(info.reset or 0.0, max_delay)
+        remaining, reset = info.remaining, info.reset
+        if remaining is not None and reset is not None and reset > 0:
+            # Never more in flight than the server said remains, until its reset.
+            self._cap = max(1, int(remaining))
+            self._cap_until = now + min(reset, max_delay)
 
     @property
     def delay(self) -> float:
