@@ -339,9 +339,7 @@ class AdaptiveState(SlotState):
             if self.phase == "probe":
                 # Probing from a target that held: the edge is at least that
                 # target; two seconds near the edge measure it more finely.
-                edge = max(
-                    self._measured(sent_at - 2 * horizon, sent_at, 2, flying), self.target
-                )
+                edge = max(self._measured(sent_at - 2 * horizon, sent_at, 2, flying), self.target)
             elif self.phase in ("recover", "hold"):
                 if sent_at - max(self.cut_at, self.resumed_at) < horizon:
                     return  # an echo of what the server's window still holds
@@ -372,8 +370,7 @@ class AdaptiveState(SlotState):
         self.cut_at = now
         self.ok_since_cut = 0
         self.reason = (
-            f"adaptive: throttled at {sent:.3g}/s, edge {edge:.3g}/s, "
-            f"holding {self.hold_for:g} s"
+            f"adaptive: throttled at {sent:.3g}/s, edge {edge:.3g}/s, holding {self.hold_for:g} s"
         )
         logger.debug(
             "scope %s: throttled at %.3f/s, edge %.3f/s (%s), rate -> %.3f/s, hold %g s",
@@ -412,7 +409,9 @@ class AdaptiveState(SlotState):
         self.concurrency = max(1, int(limit * config.overload_cut))
         self.limit_growing = False
         self.outcomes = []
-        self.reason = f"adaptive: overloaded, rate {self.rate:.3g}/s, concurrency {self.concurrency}"
+        self.reason = (
+            f"adaptive: overloaded, rate {self.rate:.3g}/s, concurrency {self.concurrency}"
+        )
         logger.debug(
             "scope %s: overload errors, rate %.3f -> %.3f/s, concurrency %s -> %s",
             scope.name,

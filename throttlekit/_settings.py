@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from ._adaptive import Adaptive
 from ._autothrottle import AutoThrottle
 from ._backoff import DEFAULT_BACKOFF_EXCEPTIONS, DEFAULT_BACKOFF_HTTP_CODES, Backoff
 from ._policy import ScopePolicy
@@ -52,6 +53,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "AUTOTHROTTLE_MAX_DELAY": 60.0,
     "AUTOTHROTTLE_TARGET_CONCURRENCY": 1.0,
     "AUTOTHROTTLE_DEBUG": False,
+    "THROTTLING_ADAPTIVE": False,
 }
 
 #: Names throttlekit reads besides :data:`DEFAULT_SETTINGS`: the Scrapy
@@ -92,7 +94,7 @@ _POLICY_SETTINGS = {
     "jitter": "RANDOMIZE_DOWNLOAD_DELAY",
     "window": "THROTTLING_WINDOW",
 }
-_CONTROLLER_KEYS = ("backoff", "rampup", "autothrottle", "manager", "controllers")
+_CONTROLLER_KEYS = ("backoff", "rampup", "autothrottle", "adaptive", "manager", "controllers")
 _SECONDS = "a finite number of seconds"
 #: What each option allows, for the errors of values that are not even numbers.
 #: Keys: a setting, a policy key, or ``controller.key``; their validators check
@@ -118,6 +120,13 @@ _ALLOWED = {
     "rampup.min_delay": f"{_SECONDS} >= 0",
     "rampup.max_concurrency": "an int >= 1",
     "rampup.concurrency_factor": "a finite number > 1",
+    "adaptive.start_rate": "a finite number > 0 (requests per second)",
+    "adaptive.headroom": "a number in (0, 1)",
+    "adaptive.hold": f"{_SECONDS} > 0",
+    "adaptive.max_hold": f"{_SECONDS} > 0",
+    "adaptive.overload_share": "a number in (0, 1)",
+    "adaptive.overload_cut": "a number in (0, 1)",
+    "adaptive.max_concurrency": "an int >= 1",
 }
 _BACKOFF_KEYS = (
     "http_codes",
@@ -131,6 +140,15 @@ _BACKOFF_KEYS = (
 )
 _AUTOTHROTTLE_KEYS = ("start_delay", "max_delay", "target_concurrency", "debug")
 _RAMPUP_KEYS = ("target", "window", "min_delay", "max_concurrency", "concurrency_factor")
+_ADAPTIVE_KEYS = (
+    "start_rate",
+    "headroom",
+    "hold",
+    "max_hold",
+    "overload_share",
+    "overload_cut",
+    "max_concurrency",
+)
 
 
 def misspelt_settings(names: Iterable[Any], known: Iterable[str] = ()) -> dict[str, str]:
@@ -345,6 +363,23 @@ def _default_autothrottle(settings: Mapping[str, Any]) -> AutoThrottle:
     return autothrottle
 
 
+def _adaptive_setting(value: Any) -> Adaptive | None:
+    """``THROTTLING_ADAPTIVE``: off (``False``), ``True``, or a dict of options (or its JSON)."""
+    name = "THROTTLING_ADAPTIVE"
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a bool or a dict of options, got {value!r}") from None
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return Adaptive() if read_bool(value, name) else None
+    changes = _convert(value, _ADAPTIVE_KEYS, name, "adaptive")
+    adaptive: Adaptive = _built(Adaptive, changes, {key: f"{name}[{key!r}]" for key in changes})
+    return adaptive
+
+
 def _controller_option(
     key: str,
     value: Any,
@@ -364,7 +399,12 @@ def _controller_option(
         return {key: base}
     if not isinstance(value, Mapping):
         raise TypeError(f"{where} must be True, False or a dict, got {value!r}")
-    keys = {"backoff": _BACKOFF_KEYS, "rampup": _RAMPUP_KEYS, "autothrottle": _AUTOTHROTTLE_KEYS}
+    keys = {
+        "backoff": _BACKOFF_KEYS,
+        "rampup": _RAMPUP_KEYS,
+        "autothrottle": _AUTOTHROTTLE_KEYS,
+        "adaptive": _ADAPTIVE_KEYS,
+    }
     changes = _convert(value, keys[key], where, key)
     try:
         return {key: attrs.evolve(base, **changes)}
@@ -389,9 +429,11 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
         autothrottle = _default_autothrottle(settings)
     target = _rampup_target(_get(settings, "RAMPUP_BACKOFF_TARGET"), "RAMPUP_BACKOFF_TARGET")
     rampup = _built(Rampup, {"target": target}, {"target": "RAMPUP_BACKOFF_TARGET"})
+    adaptive = _adaptive_setting(_get(settings, "THROTTLING_ADAPTIVE"))
     defaults: dict[str, Any] = {
         "backoff": backoff,
         "rampup": rampup,
+        "adaptive": adaptive or Adaptive(),
         # Built (and checked) only if a scope enables it.
         "autothrottle": autothrottle or (lambda: _default_autothrottle(settings)),
     }
@@ -414,6 +456,7 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
             ),
             backoff=backoff,
             autothrottle=autothrottle,
+            adaptive=adaptive,
         )
     except (TypeError, ValueError) as exc:
         setting = _POLICY_SETTINGS.get(str(exc).split(" ", 1)[0])
