@@ -383,14 +383,18 @@ class AdaptiveState(SlotState):
         )
 
     def _stated_quota(self, scope: ScopeView, rate: float, now: float) -> None:
-        """The server states its quota (limit per window): hold just below it, never probe."""
-        target = rate * (1.0 - self.config.headroom)
-        if self.edge != rate or self.phase != "hold":
+        """The server states its quota (limit per window): its headers pace the scope.
+
+        The scope's backoff keeps no more in flight than remains and waits
+        for the reset when nothing does; the rate loop stands aside (it would
+        only add waits that headers rounded to whole seconds make costly).
+        """
+        if self.edge != rate or self.phase != "stated":
             logger.debug("scope %s: the server states a quota of %.3f/s", scope.name, rate)
             self.reason = f"adaptive: the server's quota is {rate:.3g}/s"
-        self.edge, self.target = rate, target
-        self.rate = min(self.rate, target) if self.phase == "start" else target
-        self.phase, self.phase_at, self.hold_for = "hold", now, self.config.max_hold
+        self.edge = self.target = rate
+        self.rate = INF
+        self.phase, self.phase_at = "stated", now
 
     def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
         config = self.config
@@ -427,6 +431,8 @@ class AdaptiveState(SlotState):
         elapsed = now - phase_at
         sent = self._measured(now - 1.0, now, 1)
         ceiling = max(2.0 * sent, self.config.start_rate)  # no burst earned while idle
+        if self.phase == "stated":
+            return
         if self.phase == "start":
             if elapsed >= 0.5:
                 if sent >= 0.5 * self.rate:  # the scope uses its rate: double it

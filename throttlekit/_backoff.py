@@ -234,6 +234,7 @@ class BackoffState(SlotState):
         "_bad_delay",
         "_calm",
         "_cap",
+        "_cap_next",
         "_cap_until",
         "_cut_from",
         "_forgot",
@@ -261,6 +262,7 @@ class BackoffState(SlotState):
         "_pace_until",
         "_step_at",
         "_cap",
+        "_cap_next",
         "_cap_until",
         "blocked_until",
         "cut",
@@ -280,6 +282,7 @@ class BackoffState(SlotState):
         # At most this many in flight until _cap_until: what the server said remains.
         self._cap: int | None = None
         self._cap_until = -INF
+        self._cap_next: int | None = None  # the cap after the reset: the stated limit
         self.blocked_until = -INF
         self.last_signal: str | None = None
         self.last_signal_at = -INF
@@ -338,7 +341,8 @@ class BackoffState(SlotState):
             self._pace_until = -INF
             changed = True
         if self._cap is not None and now >= self._cap_until:
-            self._cap = None
+            # A new window: at most its whole quota until a response says more.
+            self._cap, self._cap_next, self._cap_until = self._cap_next, None, INF
             changed = True
         return changed
 
@@ -468,19 +472,6 @@ class BackoffState(SlotState):
     def _apply_headers(self, scope: ScopeView, info: RateLimitInfo, now: float) -> None:
         max_delay = self.config.max_delay
         wait = info.wait()
-        limit, window = info.limit, info.window
-        if (
-            wait is not None
-            and info.retry_after is None
-            and wait < MIN_PACE_RESET
-            and limit is not None
-            and window is not None
-            and scope.delay >= 0.9 * window / limit
-        ):
-            # The quota is spent, but the scope already paces at the quota the
-            # server states, and a reset this short is too coarse to trust
-            # (whole seconds, rounded up): wait one pacing interval, not a window.
-            wait = min(wait, window / limit)
         if wait is not None and wait > 0:
             until = now + min(wait, max_delay)
             if until > self.blocked_until:
@@ -500,6 +491,7 @@ class BackoffState(SlotState):
             # Never more in flight than the server said remains, until its reset.
             self._cap = max(1, int(remaining))
             self._cap_until = now + min(reset, max_delay)
+            self._cap_next = None if info.limit is None else max(1, int(info.limit))
 
     @property
     def delay(self) -> float:

@@ -1,0 +1,303 @@
+"""Adaptive: its targets on every kind of server, in virtual time, and its invariants."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from throttlekit import Adaptive, Feedback, Limiter, ScopePolicy, ScopeSnapshot
+from throttlekit._ledger import ScopeLedger
+from throttlekit.headers import RateLimitInfo, parse
+from throttlekit.testing import (
+    CapacityServer,
+    FlakyServer,
+    QuotaServer,
+    ServerModel,
+    Trace,
+    assert_respects,
+    burst,
+    simulate,
+)
+
+URL = "https://api.test/{i}"
+CEILING = ScopePolicy(concurrency=16, delay=0, slot_delay=0, adaptive=Adaptive())
+BACKENDS = ["asyncio", "trio"]
+
+
+def _ok_rate(trace: Trace, start: float, end: float) -> float:
+    """Successful requests per second among those sent in ``[start, end)``."""
+    ok = sum(
+        1
+        for r in trace.requests
+        if r.status == 200 and r.sent is not None and start <= r.sent < end
+    )
+    return ok / (end - start)
+
+
+def _refused(trace: Trace) -> float:
+    sent = [r for r in trace.requests if r.sent is not None]
+    return sum(1 for r in sent if r.status == 429) / max(1, len(sent))
+
+
+def _time_to(trace: Trace, rate: float, *, span: float = 5.0) -> float:
+    """The first time at which the successful rate over the next ``span`` reaches ``rate``."""
+    for start in range(int(trace.duration - span) + 1):
+        if _ok_rate(trace, start, start + span) >= rate:
+            return float(start)
+    return math.inf
+
+
+def _run(
+    server: ServerModel, duration: float, backend: str, policy: ScopePolicy = CEILING
+) -> Trace:
+    return simulate(policy, server, burst(URL, 8000), duration=duration, backend=backend)  # type: ignore[arg-type]
+
+
+# -- policy limits --------------------------------------------------------------------
+
+
+POLICY_SITES: dict[str, tuple[ServerModel, float]] = {
+    "sliding quota, Retry-After: 1": (
+        QuotaServer(limit=10, window=1.0, sliding=True, retry_after=1, latency=0.05),
+        10.0,
+    ),
+    "bare fast 429": (
+        QuotaServer(
+            limit=20, window=1.0, sliding=True, retry_after=None, latency=0.02, reject_latency=0.001
+        ),
+        20.0,
+    ),
+    "fixed window, draft-10 headers": (
+        QuotaServer(
+            limit=10, window=1.0, retry_after=None, rate_limit_headers="ietf", latency=0.05
+        ),
+        10.0,
+    ),
+    "x-ratelimit": (
+        QuotaServer(
+            limit=60, window=10.0, retry_after=None, rate_limit_headers="x-ratelimit", latency=0.05
+        ),
+        6.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("site", sorted(POLICY_SITES))
+def test_policy_limits_are_used_without_refusals(site: str, backend: str) -> None:
+    server, allowed = POLICY_SITES[site]
+    trace = _run(server, 60.0, backend)
+    # Over the whole run (slow start included) and over its second half.
+    assert _ok_rate(trace, 0, 60) >= 0.93 * allowed
+    assert _ok_rate(trace, 30, 60) >= 0.95 * allowed
+    assert _refused(trace) < 0.02
+    assert _time_to(trace, 0.9 * allowed) <= 15.0
+    assert_respects(trace, CEILING, retry_after=True)  # never inside an announced wait
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_opening_burst_into_an_unknown_quota(backend: str) -> None:
+    server = QuotaServer(limit=10, window=1.0, sliding=True, retry_after=1, latency=0.05)
+    trace = _run(server, 5.0, backend)
+    first_second = [r for r in trace.requests if r.sent is not None and r.sent < 1.0]
+    assert len(first_second) <= 8  # 4/s doubling every half second, not 16 at once
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_quota_that_drops_and_rises_is_followed(backend: str) -> None:
+    server = QuotaServer(
+        limit=20,
+        window=1.0,
+        sliding=True,
+        retry_after=None,
+        latency=0.02,
+        reject_latency=0.001,
+        changes=((30.0, 10), (60.0, 30)),
+    )
+    trace = _run(server, 120.0, backend)
+    assert _ok_rate(trace, 35, 60) >= 0.9 * 10  # within 5 s of the drop
+    assert _ok_rate(trace, 31, 60) <= 10.5
+    assert _time_to(trace, 0.9 * 30, span=5.0) <= 60 + 40  # the rise is found by probing
+    assert _refused(trace) < 0.03
+
+
+# -- load, errors, overload -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_load_bound_server_near_capacity_without_queueing(backend: str) -> None:
+    server = CapacityServer(workers=4, service_time=0.05)  # 80/s; 50 ms one at a time
+    trace = _run(server, 30.0, backend)
+    assert _ok_rate(trace, 10, 30) >= 0.9 * 80
+    latencies = sorted(r.responded - r.sent for r in trace.requests if r.status == 200)
+    p95 = latencies[int(0.95 * len(latencies))]
+    assert p95 <= 2 * 0.05
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_errors_cost_little(backend: str) -> None:
+    def site(error_rate: float) -> FlakyServer:
+        return FlakyServer(
+            latency=0.05,
+            error_rate=error_rate,
+            error_statuses=(503,),
+            timeout_rate=0.0,
+            reset_rate=0.0,
+            origin=CapacityServer(workers=4, service_time=0.05),
+        )
+
+    policy = attrs.evolve(CEILING, concurrency=8)
+    clean = _run(site(0.0), 30.0, backend, policy)
+    flaky = _run(site(0.05), 30.0, backend, policy)
+    sent = sum(1 for r in flaky.requests if r.sent is not None and r.sent >= 10)
+    clean_sent = sum(1 for r in clean.requests if r.sent is not None and r.sent >= 10)
+    assert sent >= 0.9 * clean_sent
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sustained_overload_backs_off_hard(backend: str) -> None:
+    server = FlakyServer(
+        latency=0.05, error_rate=0.5, error_statuses=(503,), timeout_rate=0.0, reset_rate=0.0
+    )
+    trace = _run(server, 30.0, backend)
+    late = [r for r in trace.requests if r.sent is not None and r.sent >= 20]
+    assert len(late) / 10 < 5  # from hundreds per second to a trickle
+
+
+# -- invariants (hypothesis) --------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    limit=st.integers(2, 30),
+    window=st.sampled_from([1.0, 2.0, 10.0]),
+    headers=st.sampled_from([None, "ietf", "legacy", "x-ratelimit"]),
+    retry_after=st.sampled_from([None, 1, "reset"]),
+    concurrency=st.integers(1, 16),
+    delay=st.sampled_from([0.0, 0.05, 0.2]),
+)
+def test_never_inside_a_wait_never_above_the_ceiling_never_more_than_remains(
+    limit: int,
+    window: float,
+    headers: Any,
+    retry_after: Any,
+    concurrency: int,
+    delay: float,
+) -> None:
+    server = QuotaServer(
+        limit=limit,
+        window=window,
+        retry_after=retry_after,
+        rate_limit_headers=headers,
+        latency=0.05,
+    )
+    policy = ScopePolicy(concurrency=concurrency, delay=delay, slot_delay=0, adaptive=Adaptive())
+    trace = simulate(policy, server, burst(URL, 300), duration=30.0)
+    # The policy is a hard ceiling (concurrency, delay), and no send falls
+    # inside a Retry-After the server announced.
+    assert_respects(trace, policy, retry_after=True)
+    if headers is not None:
+        _assert_never_more_in_flight_than_remains(trace)
+
+
+def _assert_never_more_in_flight_than_remains(trace: Trace) -> None:
+    """Replay the run: no send while as many requests are in flight as the server said remain."""
+    events = []
+    for record in trace.requests:
+        if record.sent is not None:
+            events.append((record.sent_seq, "send", record))
+        if record.responded is not None:
+            events.append((record.response_seq, "response", record))
+    in_flight = 0
+    cap, cap_until = math.inf, -math.inf
+    for _, kind, record in sorted(events, key=lambda event: event[0]):
+        if kind == "response":
+            in_flight -= 1
+            info = parse(record.headers, now=0.0)
+            if info.remaining is not None and info.reset:
+                assert record.responded is not None
+                cap, cap_until = max(1, int(info.remaining)), record.responded + info.reset
+            continue
+        assert record.sent is not None
+        if record.sent < cap_until:
+            assert in_flight < cap, f"sent at {record.sent} with {in_flight} in flight, {cap} left"
+        in_flight += 1
+
+
+# -- state, settings, statistics -----------------------------------------------------------
+
+
+def test_state_is_plain_data_and_round_trips_through_json() -> None:
+    policy = CEILING
+    ledger = ScopeLedger("api.test", policy)
+    adaptive = ledger.controllers[0]
+    now = 0.0
+    for i in range(200):
+        now += 0.05
+        status = 429 if i % 37 == 36 else 200
+        ledger.in_flight = 1
+        ledger.on_feedback(Feedback(status=status, latency=0.05, sent_at=now - 0.05), now)
+    state = json.loads(json.dumps(adaptive.get_state()))
+    copy = policy.adaptive.controller(policy)  # type: ignore[union-attr]
+    copy.set_state(state)
+    assert copy.get_state() == adaptive.get_state()
+    view = ScopeSnapshot(name="api.test", policy=policy, delay=0.1, concurrency=4, in_flight=1)
+    for controller in (adaptive, copy):
+        controller.on_feedback(view, Feedback(status=429, latency=0.01, sent_at=now), now + 0.01)
+    assert copy.get_state() == adaptive.get_state()
+
+
+def test_statistics_say_what_adaptive_does() -> None:
+    trace = _run(POLICY_SITES["bare fast 429"][0], 20.0, "asyncio")
+    reasons = {sample.reason for sample in trace.samples}
+    assert any("edge" in reason and "/s" in reason for reason in reasons), reasons
+
+
+def test_settings_enable_adaptive() -> None:
+    limiter = Limiter.from_settings(
+        {
+            "THROTTLING_ADAPTIVE": {"start_rate": 2, "max_hold": 30},
+            "THROTTLING_SCOPES": {"api.test": {"adaptive": False}, "b.test": {"adaptive": True}},
+        }
+    )
+    assert limiter.default.adaptive == Adaptive(start_rate=2.0, max_hold=30.0)
+    assert limiter.policy("api.test").adaptive is None
+    assert limiter.policy("b.test").adaptive == limiter.default.adaptive
+    assert Limiter.from_settings({"THROTTLING_ADAPTIVE": "true"}).default.adaptive == Adaptive()
+    assert Limiter.from_settings({}).default.adaptive is None
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"start_rate": 0}, "start_rate"),
+        ({"headroom": 1.0}, "headroom"),
+        ({"hold": math.inf}, "hold"),
+        ({"hold": 90.0}, "max_hold"),
+        ({"overload_share": -0.1}, "overload_share"),
+        ({"overload_cut": 1.5}, "overload_cut"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+    ],
+)
+def test_invalid_options_name_the_field(options: dict[str, Any], field: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=field):
+        Adaptive(**options)
+    with pytest.raises((ValueError, TypeError), match="THROTTLING_ADAPTIVE"):
+        Limiter.from_settings({"THROTTLING_ADAPTIVE": options})
+
+
+def test_backoff_only_reads_headers_under_adaptive() -> None:
+    ledger = ScopeLedger("api.test", CEILING)
+    names = [type(c).__name__ for c in ledger.controllers]
+    assert names == ["AdaptiveState", "BackoffState"]
+    assert ledger.controllers[1].config.headers_only
+    info = RateLimitInfo(retry_after=3.0)
+    ledger.on_feedback(Feedback(status=429, rate_limit=info, sent_at=0.0), 0.0)
+    assert ledger.blocked_until >= 3.0  # Retry-After honoured
+    assert ledger.delay < 1.0  # no backoff step of BACKOFF_MIN_DELAY
