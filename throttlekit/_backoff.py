@@ -327,7 +327,7 @@ class BackoffState(SlotState):
             due = max(self.last_signal_at, self._step_at) + self.config.window
         if self._pace_delay and self._pace_until < due:
             due = self._pace_until
-        if self._cap is not None and self._cap_until < due:
+        if self._cap is not None and -INF < self._cap_until < due:
             due = self._cap_until
         return due
 
@@ -340,9 +340,9 @@ class BackoffState(SlotState):
             self._pace_delay = 0.0
             self._pace_until = -INF
             changed = True
-        if self._cap is not None and now >= self._cap_until:
+        if self._cap is not None and -INF < self._cap_until <= now:
             # A new window: at most its whole quota until a response says more.
-            self._cap, self._cap_next, self._cap_until = self._cap_next, None, INF
+            self._cap, self._cap_next, self._cap_until = self._cap_next, None, -INF
             changed = True
         return changed
 
@@ -488,9 +488,14 @@ class BackoffState(SlotState):
             self._pace_until = now + min(info.reset or 0.0, max_delay)
         remaining, reset = info.remaining, info.reset
         if remaining is not None and reset is not None and reset > 0:
-            # Never more in flight than the server said remains, until its reset.
-            self._cap = max(1, int(remaining))
-            self._cap_until = now + min(reset, max_delay)
+            # Never more in flight than the server said remains, until its
+            # reset. Responses answered together arrive in any order, so within
+            # one reset the smallest remaining counts.
+            cap = max(1, int(remaining))
+            if now < self._cap_until and self._cap is not None:
+                self._cap = min(self._cap, cap)
+            else:
+                self._cap, self._cap_until = cap, now + min(reset, max_delay)
             self._cap_next = None if info.limit is None else max(1, int(info.limit))
 
     @property
