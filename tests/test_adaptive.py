@@ -265,7 +265,7 @@ def test_statistics_say_what_adaptive_does() -> None:
     simulate(limiter, POLICY_SITES["bare fast 429"][0], burst(URL, 500), duration=20.0)
     statistics = limiter.scope_statistics("api.test")
     assert statistics is not None
-    assert "edge" in statistics.reason and "/s" in statistics.reason, statistics.reason
+    assert "edge" in statistics.reason, statistics.reason
     assert statistics.delay > 0
 
 
