@@ -377,6 +377,7 @@ BAD_SETTINGS: dict[str, list[Any]] = {
     "AUTOTHROTTLE_MAX_DELAY": _bad(0, -1, "x"),
     "AUTOTHROTTLE_TARGET_CONCURRENCY": _bad(0, -1, "x"),
     "AUTOTHROTTLE_DEBUG": [*NON_FINITE, *HUGE, *WRONG_TYPE, "sometimes", 2, -1],
+    "THROTTLING_ADAPTIVE": [*NON_FINITE, *HUGE, *WRONG_TYPE, "sometimes", 2, "{bad json"],
 }
 
 _NUMBER = _bad
@@ -393,6 +394,7 @@ BAD_SCOPE_KEYS: dict[str, list[Any]] = {
     "backoff": [*NON_FINITE[:2], *HUGE[:1], *WRONG_TYPE, "yes", 5, [1], {"unknown": 1}],
     "rampup": ["yes", 5, [1], {"unknown": 1}, *WRONG_TYPE[:2]],
     "autothrottle": ["yes", 5, [1], {"unknown": 1}, *WRONG_TYPE[:2]],
+    "adaptive": ["yes", 5, [1], {"unknown": 1}, *WRONG_TYPE[:2]],
     "manager": [
         *NON_FINITE,
         *HUGE,
@@ -431,6 +433,15 @@ BAD_CONTROLLER_KEYS: dict[str, dict[str, list[Any]]] = {
         "target_concurrency": _NUMBER(0, -1),
         "debug": BAD_SETTINGS["AUTOTHROTTLE_DEBUG"],
     },
+    "adaptive": {
+        "start_rate": _NUMBER(0, -1),
+        "headroom": _NUMBER(0, 1, -0.5),
+        "hold": _NUMBER(0, -1, 100),
+        "max_hold": _NUMBER(0, -1, 5),
+        "overload_share": _NUMBER(0, 1),
+        "overload_cut": _NUMBER(0, 1.5),
+        "max_concurrency": _NUMBER(0, -1, 1.5),
+    },
 }
 
 
@@ -464,6 +475,7 @@ def _cases() -> list[Any]:
 
 def test_the_table_covers_every_setting_and_key() -> None:
     from throttlekit._settings import (
+        _ADAPTIVE_KEYS,
         _AUTOTHROTTLE_KEYS,
         _BACKOFF_KEYS,
         _CONTROLLER_KEYS,
@@ -477,6 +489,7 @@ def test_the_table_covers_every_setting_and_key() -> None:
     assert set(BAD_CONTROLLER_KEYS["backoff"]) == set(_BACKOFF_KEYS)
     assert set(BAD_CONTROLLER_KEYS["rampup"]) == set(_RAMPUP_KEYS)
     assert set(BAD_CONTROLLER_KEYS["autothrottle"]) == set(_AUTOTHROTTLE_KEYS)
+    assert set(BAD_CONTROLLER_KEYS["adaptive"]) == set(_ADAPTIVE_KEYS)
 
 
 @pytest.mark.parametrize(("settings", "name"), _cases())
