@@ -701,25 +701,25 @@ def _execute(server: SiteServer, runs: list[_Run]) -> None:
 
 
 def _plan_runs(
-    clients: list[Client], budget: float, quick: bool, workdir: Path
+    sites: tuple[Site, ...], clients: list[Client], budget: float, quick: bool, workdir: Path
 ) -> list[list[_Run]]:
     """Groups of runs executed together (see the module doc)."""
     if quick:
         baseline = (QUICK_BASELINE_SECONDS, QUICK_BASELINE_SAMPLES)
         return [
             [
-                _Run(BASELINE, SITES, budget, workdir / "quick-baseline", baseline),
+                _Run(BASELINE, sites, budget, workdir / "quick-baseline", baseline),
                 *(
-                    _Run(client, SITES, budget, workdir / f"quick-{index}")
+                    _Run(client, sites, budget, workdir / f"quick-{index}")
                     for index, client in enumerate(clients)
                 ),
             ]
         ]
     groups = [
-        [_Run(BASELINE, (site,), budget, workdir / f"baseline-{site.name}") for site in SITES]
+        [_Run(BASELINE, (site,), budget, workdir / f"baseline-{site.name}") for site in sites]
     ]
-    policy = tuple(site for site in SITES if site.kind == "policy")
-    alone = [site for site in SITES if site.kind != "policy"]
+    policy = tuple(site for site in sites if site.kind == "policy")
+    alone = [site for site in sites if site.kind != "policy"]
     for index, client in enumerate(clients):
         groups.append(
             [_Run(client, (site,), budget, workdir / f"{site.name}-{index}") for site in policy]
@@ -894,8 +894,22 @@ def _throttling(result: dict[str, Any], port: int, t0: float | None) -> list[lis
     return series
 
 
-def run_quality(config: RunConfig) -> SuiteResult:
-    """Run every (site, client) case and report them against the targets."""
+def run_quality(
+    config: RunConfig,
+    *,
+    sites: Sequence[str] | None = None,
+    families: Sequence[str] | None = None,
+) -> SuiteResult:
+    """Run every (site, client) case and report them against the targets.
+
+    ``sites`` (names) and ``families`` (``"scrapy"``, ``"backoff"``,
+    ``"adaptive"``) restrict the run, for tuning; by default everything runs.
+    """
+    unknown = sorted(set(sites or ()) - {site.name for site in SITES})
+    unknown += sorted(set(families or ()) - {client.family for client in CLIENTS})
+    if unknown:
+        raise ValueError(f"unknown sites or client families: {', '.join(unknown)}")
+    chosen = tuple(site for site in SITES if sites is None or site.name in sites)
     budget = config.run_seconds or (QUICK_BUDGET if config.quick else BUDGET)
     how = (
         "every client crawling every site at once for a few seconds (a smoke run: "
@@ -917,6 +931,8 @@ def run_quality(config: RunConfig) -> SuiteResult:
     adaptive = adaptive_available()
     for client in CLIENTS:
         missing = [name for name in client.needs if find_spec(name) is None]
+        if families is not None and client.family not in families:
+            continue
         if missing:
             result.skipped.append(Skip(client.name, f"{', '.join(missing)} is not installed"))
         elif client.family == "adaptive" and not adaptive:
@@ -932,7 +948,7 @@ def run_quality(config: RunConfig) -> SuiteResult:
     runs: list[_Run] = []
     try:
         with SiteServer() as server:
-            for group in _plan_runs(clients, budget, config.quick, workdir):
+            for group in _plan_runs(chosen, clients, budget, config.quick, workdir):
                 _execute(server, group)
                 runs.extend(group)
                 for run in group:
@@ -1011,7 +1027,7 @@ def run_quality(config: RunConfig) -> SuiteResult:
     result.tables.append(table)
 
     sites_table = Table("The sites", ["site", "allowed", "p95 one at a time", "behaviour"])
-    for site in SITES:
+    for site in chosen:
         p95 = baselines.get(site.name)
         sites_table.add(
             site.name,
@@ -1085,7 +1101,7 @@ def run_quality(config: RunConfig) -> SuiteResult:
                 else baselines[site.name] * 1000,  # type: ignore[operator]
                 "summary": site.summary,
             }
-            for site in SITES
+            for site in chosen
         },
         "clients": {
             client.name: {"kind": client.kind, "configuration": client.configuration}
@@ -1097,6 +1113,38 @@ def run_quality(config: RunConfig) -> SuiteResult:
     return result
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m benchmarks.quality``: run some sites and clients, for tuning."""
+    import argparse
+
+    from ._harness import render_suite_text
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.quality",
+        description="Run the throttling-quality suite, or part of it, and print the tables "
+        "(python -m benchmarks --only quality runs it all and writes the results).",
+    )
+    parser.add_argument("--sites", help="comma-separated: " + ", ".join(s.name for s in SITES))
+    parser.add_argument("--clients", help="comma-separated families: scrapy, backoff, adaptive")
+    parser.add_argument("--run-seconds", type=float, default=None, metavar="S")
+    parser.add_argument("--quick", action="store_true", help="a smoke run")
+    parser.add_argument("--output", type=Path, help="write this suite's JSON here")
+    args = parser.parse_args(argv)
+
+    def names(text: str | None) -> list[str] | None:
+        return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
+
+    config = RunConfig.make(quick=args.quick, run_seconds=args.run_seconds)
+    try:
+        result = run_quality(config, sites=names(args.sites), families=names(args.clients))
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(render_suite_text(result))
+    if args.output is not None:
+        args.output.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
 SUITES = (
     Suite(
         "quality",
@@ -1104,3 +1152,7 @@ SUITES = (
         run_quality,
     ),
 )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

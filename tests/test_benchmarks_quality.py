@@ -381,3 +381,49 @@ def test_quick_run_measures_every_site_and_client(tmp_path: Path) -> None:
     assert "Scrapy AutoThrottle" in text
     if find_spec("matplotlib") is not None:
         assert (tmp_path / "_static" / "benchmarks" / "quality-changing.png").exists()
+
+
+def test_tuning_entry_point_refuses_unknown_names() -> None:
+    from benchmarks.quality import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--sites", "quota,nope"])
+    assert exited.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["--clients", "fast"])
+
+
+@pytest.mark.slow
+def test_tuning_entry_point_runs_part_of_the_suite(tmp_path: Path) -> None:
+    output = tmp_path / "part.json"
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.quality",
+            "--quick",
+            "--sites",
+            "quota,capacity",
+            "--clients",
+            "backoff",
+            "--run-seconds",
+            "2",
+            "--output",
+            str(output),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert process.returncode == 0, process.stdout + process.stderr
+    suite = json.loads(output.read_text(encoding="utf-8"))
+    assert set(suite["data"]["cases"]) == {"quota", "capacity"}
+    assert {client for per in suite["data"]["cases"].values() for client in per} == {
+        "Backoff+AutoThrottle / httpx",
+        "Backoff+AutoThrottle / Scrapy",
+    }
+    assert set(suite["data"]["sites"]) == {"quota", "capacity"}
+    assert len(suite["data"]["cases"]["quota"]["series"]) == 2
+    assert "PASS" in process.stdout or "MISS" in process.stdout
