@@ -937,7 +937,7 @@ def run_quality(
             result.skipped.append(Skip(client.name, f"{', '.join(missing)} is not installed"))
         elif client.family == "adaptive" and not adaptive:
             result.skipped.append(
-                Skip(client.name, "not available: this throttlekit has no throttlekit.Adaptive")
+                Skip(client.name, "not available: this throttlekit has no Adaptive controller yet")
             )
         else:
             clients.append(client)
