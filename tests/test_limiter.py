@@ -647,6 +647,9 @@ async def test_bad_scopes_are_rejected(scopes: Any, error: type[Exception], matc
         ({"max_scopes": None}, TypeError, "max_scopes"),
         ({"max_idle": 0}, ValueError, "max_idle"),
         ({"resolver": "by_host"}, TypeError, "resolver must be callable"),
+        ({"robotstxt_max_delay": -1}, ValueError, "robotstxt_max_delay must be a finite number"),
+        ({"robotstxt_max_delay": math.inf}, ValueError, "robotstxt_max_delay must be a finite"),
+        ({"robotstxt_max_delay": "60"}, TypeError, "robotstxt_max_delay must be a number >= 0"),
     ],
 )
 def test_bad_limiter_arguments_name_the_argument(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from . import scopes as _scopes
+from ._checks import check_number
 from ._clock import now as _now
 from ._controller import Feedback
 from ._errors import WouldBlock
@@ -362,15 +363,9 @@ class Limiter:
             raise ValueError(f"max_idle must be a number of seconds > 0, got {max_idle!r}")
         if not callable(resolver):
             raise TypeError(f"resolver must be callable, got {resolver!r}")
-        if (
-            isinstance(robotstxt_max_delay, bool)
-            or not isinstance(robotstxt_max_delay, (int, float))
-            or not (robotstxt_max_delay >= 0)
-        ):
-            raise ValueError(
-                f"robotstxt_max_delay must be a number of seconds >= 0, got {robotstxt_max_delay!r}"
-            )
-        self.robotstxt_max_delay = float(robotstxt_max_delay)
+        self.robotstxt_max_delay = check_number(
+            "robotstxt_max_delay", robotstxt_max_delay, minimum=0.0
+        )
         self._crawl_delays: dict[str, float] = {}
         self._crawl_warned: set[str] = set()
         self.resolver = resolver

@@ -21,7 +21,9 @@ Built-in resolvers:
 Hosts are normalized: lower-cased, without a trailing dot, and
 internationalized names in their ASCII (IDNA, ``xn--``) form, the one sent
 on the wire, so ``https://münchen.de/`` and ``https://xn--mnchen-3ya.de/``
-are one scope.
+are one scope, ``xn--mnchen-3ya.de``: name such a host that way in policies
+(``Limiter(scopes=...)``, ``THROTTLING_SCOPES``), since scope names given
+there are used as written.
 
 A request that carries ``throttling_scopes`` (in Scrapy's ``request.meta``,
 in httpx's ``request.extensions``, or as ``acquire(scopes=...)``) uses those
