@@ -555,3 +555,20 @@ def test_fetch_reports_bad_usage_with_exit_code_2(
     monkeypatch.chdir(tmp_path)
     assert main(["fetch", *replaced]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_describe_policy_names_every_controller() -> None:
+    from throttlekit import Adaptive, Limiter, ScopePolicy
+    from throttlekit._cli._common import describe_policy
+
+    def my_controller(policy: ScopePolicy) -> object:
+        raise AssertionError("not called here")
+
+    policy = ScopePolicy(
+        concurrency=None, delay=0.5, adaptive=Adaptive(), controllers=[my_controller]
+    )
+    limiter = Limiter(scopes={"api.test": policy})
+    assert describe_policy(limiter, "api.test") == (
+        "concurrency unlimited, delay 0.5 s, slot delay 0 s, "
+        "controllers: backoff, adaptive, my_controller"
+    )

@@ -214,9 +214,9 @@ def describe_policy(limiter: Limiter, scope: str) -> str:
         parts.append(f"jitter x{1 + low:g}..x{1 + high:g}")
     if policy.quota is not None:
         parts.append(f"quota {policy.quota:g}/{policy.window:g} s")
-    controllers = [
-        name for name in ("backoff", "autothrottle", "rampup") if getattr(policy, name, None)
-    ]
+    names = ("backoff", "autothrottle", "rampup", "adaptive")
+    controllers = [name for name in names if getattr(policy, name, None) is not None]
+    controllers += [getattr(factory, "__name__", repr(factory)) for factory in policy.controllers]
     parts.append("controllers: " + (", ".join(controllers) or "none"))
     return ", ".join(parts)
 
