@@ -106,7 +106,9 @@ async def _hold(args: argparse.Namespace) -> None:
     permits = [limiter.acquire(scopes="shared") for _ in range(args.hold)]
     sent = []
     for permit in permits:
-        await permit.__aenter__()
+        # Each in a task of its own: a second permit entered by the same task
+        # would nest in the first and share its slot.
+        await asyncio.create_task(permit.__aenter__())
         sent.append(f"{permit._lease.send_at_ms:.3f}")
     print("held", *sent, flush=True)
     await anyio.sleep_forever()

@@ -105,11 +105,16 @@ async def test_keys_share_a_hash_tag_and_all_expire(
     names = [key async for key in admin.scan_iter(match=f"{{{prefix}:*")]
     suffixes = {name.decode().rsplit(":", 1)[1] for name in names}
     assert {"S", "T", "Q", "C"} <= suffixes  # (T expires a second after the slot delay)
-    # A waiter sets the waiters flag: hold the only slot and wait behind it.
-    async with limiter.acquire(scopes="example.com"):
+
+    # A waiter sets the waiters flag: hold the only slot and wait behind it (in
+    # another task: an acquire nested in a permit of its own task shares it).
+    async def wait_behind() -> None:
         with anyio.move_on_after(0.05):
             async with limiter.acquire(scopes="example.com"):
                 pass
+
+    async with limiter.acquire(scopes="example.com"), anyio.create_task_group() as tasks:
+        tasks.start_soon(wait_behind)
     assert await admin.get("sentinel") == b"still here"
     names += [key async for key in admin.scan_iter(match=f"{{{prefix}:*:W")]
     assert any(name.endswith(b":W") for name in names)
@@ -160,9 +165,9 @@ async def test_two_backends_share_one_budget(redis_server: RedisServer, prefix: 
     async with one.acquire(scopes="api", timeout=0), two.acquire(scopes="api", timeout=0):
         # timeout=0: one attempt (a round trip) but no waiting.
         with pytest.raises(throttlekit.ThrottleTimeout):
-            await one.acquire(scopes="api", timeout=0).__aenter__()
+            await enter_elsewhere(one.acquire(scopes="api", timeout=0))
         with pytest.raises(throttlekit.ThrottleTimeout):
-            await two.acquire(scopes="api", timeout=0.1).__aenter__()
+            await enter_elsewhere(two.acquire(scopes="api", timeout=0.1))
         stats = await first.scope_statistics(one, "api")
         assert stats.in_flight == 2
         assert stats.concurrency == 2
@@ -179,7 +184,7 @@ async def test_two_backends_share_one_budget(redis_server: RedisServer, prefix: 
 
     held = [one.acquire(scopes="api"), one.acquire(scopes="api")]
     for permit in held:
-        await permit.__aenter__()
+        await enter_elsewhere(permit)
     async with anyio.create_task_group() as group:
         group.start_soon(waiter)
         await anyio.sleep(0.2)
@@ -257,7 +262,7 @@ async def test_backoff_and_retry_after_are_shared(redis_server: RedisServer, pre
         first.acquire(scopes="burst"),
     ]
     for permit in burst:
-        await permit.__aenter__()
+        await enter_elsewhere(permit)
     for permit in burst:
         permit.record(status=503)
         await permit.__aexit__(None, None, None)
@@ -390,7 +395,7 @@ async def test_renew_and_keep_alive(
     async with limiter.acquire(scopes="long") as permit, backend.keep_alive(permit, interval=0.1):
         await anyio.sleep(0.7)  # more than twice the lease time
         with pytest.raises(throttlekit.ThrottleTimeout):
-            await limiter.acquire(scopes="long", timeout=0.1).__aenter__()
+            await enter_elsewhere(limiter.acquire(scopes="long", timeout=0.1))
     assert "had expired" not in caplog.text
     # Without renewal the lease lapses, and the release says so.
     with caplog.at_level(logging.WARNING, logger="throttlekit.backends.redis"):
@@ -556,3 +561,20 @@ async def test_docs_example_runs(redis_server: RedisServer, prefix: str) -> None
         await runner.cleanup()
     assert statuses == [200] * 6
     assert len(hits) == 6
+
+
+async def enter_elsewhere(permit: throttlekit.Permit) -> None:
+    """Enter ``permit`` in another task: in a permit the same task holds, it would nest."""
+    error: Exception | None = None
+
+    async def enter() -> None:
+        nonlocal error
+        try:
+            await permit.__aenter__()
+        except Exception as exc:
+            error = exc
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(enter)
+    if error is not None:
+        raise error

@@ -218,7 +218,9 @@ async def test_two_thousand_tasks_over_fifty_scopes_keep_every_rule() -> None:
 @virtual_and_asyncio
 async def test_timeout_raises_throttle_timeout_and_leaks_nothing() -> None:
     limiter = Limiter(default=ScopePolicy(concurrency=1, delay=0.2, slot_delay=0))
-    async with limiter.acquire("https://a.example/"):
+    # Held by acquire_nowait: an acquire nested in an ``async with`` permit of
+    # the same task would share its scope instead of waiting.
+    with limiter.acquire_nowait("https://a.example/"):
         with pytest.raises(ThrottleTimeout, match=r"no grant within 0\.05 s") as caught:
             async with limiter.acquire("https://a.example/", timeout=0.05):
                 pytest.fail("granted while the only slot is held")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,33 @@ _HOSTS_MAX = 131_072
 #: The longest wait read from rate-limit headers here (about 30 years): no cap
 #: in practice, so that each scope's ``Backoff.max_delay`` is the cap that applies.
 _HEADER_MAX_DELAY = 1e9
+
+
+#: The permits held in ``async with`` blocks by the running task (and, copied
+#: with the context, by the tasks it starts: those are told apart by ``task``).
+_HOLDS: ContextVar[tuple[Permit, ...]] = ContextVar("throttlekit_holds", default=())
+
+
+def _current_task() -> object:
+    """The running task (asyncio or trio), compared by identity."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # not on asyncio: trio, which is imported when it runs
+        import trio
+
+        return trio.lowlevel.current_task()
+
+
+def _holds_of(limiter: Limiter, holds: tuple[Permit, ...]) -> list[Permit]:
+    """The permits of ``limiter`` among ``holds`` that the running task holds."""
+    if not holds:
+        return []
+    task = _current_task()
+    return [
+        hold
+        for hold in holds
+        if hold._token is not None and hold._limiter is limiter and hold._task is task
+    ]
 
 
 def _only(scopes: Iterable[str], granted: Mapping[str, float]) -> frozenset[str]:
@@ -93,7 +122,10 @@ class Permit:
         "_priority",
         "_request",
         "_scopes",
+        "_shared",
+        "_task",
         "_timeout",
+        "_token",
         "recorded",
     )
 
@@ -111,6 +143,11 @@ class Permit:
         self._timeout = timeout
         self._scopes = scopes
         self._lease: Any = None  # the backend's lease
+        # Nested in permits this task holds: (permit, the scopes shared with it).
+        self._shared: tuple[tuple[Permit, frozenset[str]], ...] | None = None
+        # While held in ``async with``: the task, and the token that entered it in _HOLDS.
+        self._task: object = None
+        self._token: Token[tuple[Permit, ...]] | None = None
         self.recorded = False
 
     def __repr__(self) -> str:
@@ -118,8 +155,14 @@ class Permit:
 
     @property
     def scopes(self) -> dict[str, float]:
-        """The granted scopes and the cost taken from each."""
+        """The granted scopes and the cost taken from each.
+
+        A permit nested in one that its task holds lists only the scopes it
+        added (see :meth:`Limiter.acquire`).
+        """
         if self._lease is None:
+            if self._shared is not None:
+                return {}
             raise RuntimeError("the permit has not been acquired yet")
         return dict(self._lease.scopes)
 
@@ -127,6 +170,8 @@ class Permit:
     def granted_at(self) -> float:
         """The limiter-clock time of the grant (the send time)."""
         if self._lease is None:
+            if self._shared:
+                return self._shared[0][0].granted_at
             raise RuntimeError("the permit has not been acquired yet")
         return float(self._lease.granted_at)
 
@@ -136,14 +181,32 @@ class Permit:
         return self._request
 
     async def __aenter__(self) -> Permit:
-        if self._lease is not None:
+        holds = _HOLDS.get()
+        if not self._enter_now(holds):
+            await self._enter_later(holds)
+        # Acquires nested in this block (same task, same limiter) share its scopes.
+        self._task = _current_task()
+        self._token = _HOLDS.set((*holds, self))
+        return self
+
+    async def _enter(self) -> None:
+        """Acquire without becoming a block that later acquires nest in (for adapters)."""
+        holds = _HOLDS.get()
+        if not self._enter_now(holds):
+            await self._enter_later(holds)
+
+    def _enter_now(self, holds: tuple[Permit, ...]) -> bool:
+        """The fast path, no await: a URL string, the default resolver, one scope with room."""
+        if self._lease is not None or self._shared is not None:
             raise RuntimeError("a permit can be entered only once")
         limiter = self._limiter
         request = self._request
         # Fast path, no await: one scope of cost 1 that has room now
         # (limiter._one_scope, inline: a URL with the default resolver, or scopes="name").
         scopes = self._scopes
-        if scopes is None:
+        if holds:
+            scope = None  # maybe nested: the slow path looks
+        elif scopes is None:
             if type(request) is str and limiter.resolver is _by_host:
                 scope = limiter._hosts.get(request) or limiter._host_of(request)
             else:
@@ -154,14 +217,50 @@ class Permit:
             lease = limiter._try_one(scope, self._priority)
             if lease is not None:
                 self._lease = lease
-                return self
-        costs = limiter._resolve(request, self._scopes)
+                return True
+        return False
+
+    async def _enter_later(self, holds: tuple[Permit, ...]) -> None:
+        """Acquire; a permit nested in ones its task holds takes only the scopes they lack."""
+        limiter = self._limiter
+        mine = _holds_of(limiter, holds)
+        if mine:
+            await self._enter_nested(mine)
+            return
+        costs = limiter._resolve(self._request, self._scopes)
         if type(costs) is not dict:
             costs = _scopes.as_scope_costs(await costs)
         self._lease = await limiter._backend.acquire(
             costs, priority=self._priority, timeout=self._timeout
         )
-        return self
+
+    def _held_scopes(self) -> set[str]:
+        """The scopes this permit holds: its own and those it shares with enclosing ones."""
+        names = {name for _, shared in self._shared or () for name in shared}
+        if self._lease is not None:
+            names.update(self._lease.scopes)
+        return names
+
+    async def _enter_nested(self, holds: list[Permit]) -> None:
+        limiter = self._limiter
+        costs = limiter._resolve(self._request, self._scopes)
+        if type(costs) is not dict:
+            costs = _scopes.as_scope_costs(await costs)
+        owner: dict[str, Permit] = {}
+        for hold in holds:
+            for name in hold._held_scopes():
+                owner.setdefault(name, hold)
+        self._shared = tuple(
+            (hold, names)
+            for hold in holds
+            if (names := frozenset(name for name in costs if owner.get(name) is hold))
+        )
+        added = {name: cost for name, cost in costs.items() if name not in owner}
+        if added:
+            # The enclosing permit holds a slot of the global cap: take none.
+            self._lease = await limiter._backend.acquire(
+                added, priority=self._priority, timeout=self._timeout, gated=False
+            )
 
     async def __aexit__(
         self,
@@ -169,6 +268,13 @@ class Permit:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        token = self._token
+        if token is not None:
+            self._token = self._task = None
+            try:  # noqa: SIM105 - contextlib.suppress costs more on this path
+                _HOLDS.reset(token)
+            except ValueError:  # left in another context than it was entered in
+                pass
         lease = self._lease
         if lease is not None:
             backend = self._limiter._backend
@@ -243,7 +349,7 @@ class Permit:
         :returns: the :class:`Feedback` that was recorded.
         """
         lease = self._lease
-        if lease is None:
+        if lease is None and self._shared is None:
             raise RuntimeError("record() needs an acquired permit")
         if response is not None:
             if status is None:
@@ -261,35 +367,62 @@ class Permit:
         if consumed:
             consumed = _scopes.as_scope_costs(consumed)
         limiter = self._limiter
+        own = {} if lease is None else lease.scopes
+        shared = self._shared or ()
+        if scopes is not None:
+            scopes = _only(scopes, {**own, **{name: 0.0 for _, names in shared for name in names}})
         feedback = limiter._make_feedback(
-            lease.granted_at,
+            self.granted_at,
             status=status,
             headers=headers,
             exception=exception,
             latency=latency,
             size=size,
             adjust_delay=adjust_delay,
-            scopes=None if scopes is None else _only(scopes, lease.scopes),
+            scopes=scopes,
         )
-        info = feedback.rate_limit
-        if budgets and info is not None:
-            # Each scope learns the budget it tracks: one record per distinct view,
-            # the view of the scopes tracking no named budget last, with ``consumed``.
-            views = info.for_scopes(lease.scopes, budgets)
-            rest = info.excluding(budgets.keys())
-            groups: dict[Any, set[str]] = {rest: set()}
-            for scope, view in views.items():
-                if feedback.scopes is None or scope in feedback.scopes:
-                    groups.setdefault(view, set()).add(scope)
-            parts = [*list(groups.items())[1:], (rest, groups[rest])]
-            for index, (view, group) in enumerate(parts):
-                part = attrs.evolve(feedback, rate_limit=view, scopes=frozenset(group))
-                last = index == len(parts) - 1
-                limiter._backend.record(lease, part, consumed if last else None)
-        else:
-            limiter._backend.record(lease, feedback, consumed)
+        if lease is not None:
+            own_scopes = None if scopes is None else scopes & own.keys()
+            self._record_on(lease, own, own_scopes, feedback, consumed, budgets)
+        for hold, names in shared:
+            # The response also concerns the scopes the enclosing permit holds for us.
+            outer = hold._lease
+            if outer is not None and hold._token is not None:
+                names = names if scopes is None else names & scopes
+                costs = {name: outer.scopes[name] for name in names if name in outer.scopes}
+                self._record_on(outer, costs, frozenset(costs), feedback, None, budgets)
         self.recorded = True
         return feedback
+
+    def _record_on(
+        self,
+        lease: Any,
+        costs: Mapping[str, float],
+        scopes: frozenset[str] | None,
+        feedback: Feedback,
+        consumed: Mapping[str, float] | None,
+        budgets: Mapping[str, str] | None,
+    ) -> None:
+        """Give ``feedback`` to ``scopes`` (``None``: all) of ``lease``, each its budget."""
+        backend = self._limiter._backend
+        if scopes is not None:
+            feedback = attrs.evolve(feedback, scopes=scopes)
+        info = feedback.rate_limit
+        if not budgets or info is None:
+            backend.record(lease, feedback, consumed)
+            return
+        # Each scope learns the budget it tracks: one record per distinct view,
+        # the view of the scopes tracking no named budget last, with ``consumed``.
+        rest = info.excluding(budgets.keys())
+        groups: dict[Any, set[str]] = {rest: set()}
+        for scope, view in info.for_scopes(costs, budgets).items():
+            if scopes is None or scope in scopes:
+                groups.setdefault(view, set()).add(scope)
+        parts = [*list(groups.items())[1:], (rest, groups[rest])]
+        for index, (view, group) in enumerate(parts):
+            part = attrs.evolve(feedback, rate_limit=view, scopes=frozenset(group))
+            last = index == len(parts) - 1
+            backend.record(lease, part, consumed if last else None)
 
 
 class Limiter:
@@ -475,6 +608,13 @@ class Limiter:
         :param scopes: the request's scopes, overriding the resolver: a scope
             name, a set of names, or ``{scope: cost}``.
         :raises Overloaded: when ``max_waiters`` requests are already waiting.
+
+        An acquire inside an ``async with limiter.acquire(...)`` block of the
+        same task (directly or through an adapter) is *nested*: it takes no
+        second slot of the global cap and only the scopes the enclosing
+        permits do not hold, so it never deadlocks on them; feedback recorded
+        on it reaches the shared scopes too. Tasks started inside the block
+        are not nested.
         """
         if type(priority) is not int and (
             isinstance(priority, bool) or not isinstance(priority, int)

@@ -63,10 +63,13 @@ class Ticket:
     """One request's claim: waiting, then granted, then released.
 
     ``ledgers`` and ``costs`` are parallel tuples (one entry per scope).
+    ``gated`` is ``False`` for a ticket that takes no slot of the global cap
+    (a nested acquire, whose enclosing permit holds one).
     """
 
     __slots__ = (
         "costs",
+        "gated",
         "granted_at",
         "ledgers",
         "priority",
@@ -78,10 +81,16 @@ class Ticket:
     )
 
     def __init__(
-        self, ledgers: tuple[ScopeLedger, ...], costs: tuple[float, ...], priority: int, seq: int
+        self,
+        ledgers: tuple[ScopeLedger, ...],
+        costs: tuple[float, ...],
+        priority: int,
+        seq: int,
+        gated: bool = True,
     ) -> None:
         self.ledgers = ledgers
         self.costs = costs
+        self.gated = gated
         self.priority = priority
         self.seq = seq
         self.state = WAITING
@@ -226,11 +235,14 @@ class Scheduler:
 
     # -- requests ------------------------------------------------------------------
 
-    def make_ticket(self, costs: Mapping[str, float], priority: int, now: float) -> Ticket:
+    def make_ticket(
+        self, costs: Mapping[str, float], priority: int, now: float, gated: bool = True
+    ) -> Ticket:
         """Validate ``costs`` and build a ticket for them (not queued yet).
 
         New scopes get their ledgers here; they are listed among the idle
         scopes (eligible for eviction) when their first request is done.
+        ``gated=False`` makes a ticket that takes no slot of the global cap.
         """
         scopes = self.scopes
         missing = 0
@@ -253,7 +265,7 @@ class Scheduler:
             if ledger is None:
                 ledger = scopes[name] = ScopeLedger(name, self.policy_for(name))
             ledgers.append(ledger)
-        return Ticket(tuple(ledgers), tuple(costs.values()), priority, next(self._seq))
+        return Ticket(tuple(ledgers), tuple(costs.values()), priority, next(self._seq), gated)
 
     def discard(self, ticket: Ticket) -> None:
         """Forget a ticket that was neither granted nor queued (its new scopes become idle)."""
@@ -301,6 +313,7 @@ class Scheduler:
         ticket.costs = _COST_ONE
         ticket.priority = priority
         ticket.seq = -1  # never queued
+        ticket.gated = True
         ticket.state = GRANTED
         ticket.granted_at = now
         ticket.quota_entries = _NO_ENTRY if entry is None else (entry,)
@@ -352,7 +365,7 @@ class Scheduler:
         if ticket.state == GRANTED:
             ticket.state = RELEASED
             ledgers = ticket.ledgers
-            if len(ledgers) == 1 and ledgers[0].plain:
+            if len(ledgers) == 1 and ledgers[0].plain and ticket.gated:
                 # One plain scope: ledger.release and _release, inline.
                 ledger = ledgers[0]
                 ledger.in_flight -= 1
@@ -450,7 +463,7 @@ class Scheduler:
             if ledger.ready_at(cost, now) > now:
                 return ledger
         gate = self.gate
-        if gate.limit is not None:
+        if gate.limit is not None and ticket.gated:
             if gate.in_flight >= gate.limit:
                 return gate
             head = _head(gate.queue, gate)
@@ -478,7 +491,8 @@ class Scheduler:
         ticket.state = GRANTED
         ticket.queue = None
         ticket.granted_at = now
-        self.gate.in_flight += 1
+        if ticket.gated:
+            self.gate.in_flight += 1
 
     def _release(self, ticket: Ticket) -> None:
         for ledger in ticket.ledgers:
@@ -487,10 +501,11 @@ class Scheduler:
                 self._mark(ledger)
             elif not ledger.in_flight:
                 self._settle(ledger)
-        gate = self.gate
-        gate.in_flight -= 1
-        if gate.queue:
-            self._mark(gate)
+        if ticket.gated:
+            gate = self.gate
+            gate.in_flight -= 1
+            if gate.queue:
+                self._mark(gate)
 
     def _drain_scope(self, ledger: ScopeLedger, now: float, granted: list[Ticket]) -> None:
         queue = ledger.queue
@@ -509,7 +524,8 @@ class Scheduler:
                     self._arm(ledger, ready)
                 return
             # A one-scope ticket with no global cap has nothing else to ask.
-            blocker = None if single and gate.limit is None else self._blocker(ticket, now, ledger)
+            free = gate.limit is None or not ticket.gated
+            blocker = None if single and free else self._blocker(ticket, now, ledger)
             heapq.heappop(queue)
             if blocker is None:
                 self._grant(ticket, now)

@@ -69,7 +69,9 @@ class HeldPermit:
     ) -> HeldPermit:
         """Wait for a permit for ``request`` (cancellation while waiting takes nothing)."""
         permit = limiter.acquire(request, priority=priority, scopes=scopes)
-        await permit.__aenter__()
+        # Not ``__aenter__``: a request the adapter holds (while its response
+        # streams) is no ``async with`` block that later acquires nest in.
+        await permit._enter()
         return cls(permit, limiter)
 
     @property

@@ -55,11 +55,14 @@ class Backend(Protocol):
         *,
         priority: int,
         timeout: float | None,
+        gated: bool = True,
     ) -> Any:
         """Wait for a grant of ``costs``; return a :class:`Lease`.
 
         Must hand everything back if cancelled, and raise
         :class:`~throttlekit.ThrottleTimeout` when ``timeout`` elapses.
+        ``gated=False`` (a nested acquire, whose enclosing permit holds a
+        slot of the global cap) takes no slot of the global cap.
         """
 
     def record(self, lease: Any, feedback: Feedback, consumed: Mapping[str, float] | None) -> None:

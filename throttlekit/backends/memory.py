@@ -132,15 +132,18 @@ class MemoryBackend:
         *,
         priority: int,
         timeout: float | None,  # noqa: ASYNC109 - the caller's acquire(timeout=)
+        gated: bool = True,
     ) -> Ticket:
         """Wait for a grant of ``costs``; ``{}`` takes only the global cap.
+
+        ``gated=False`` takes no slot of the global cap (a nested acquire).
 
         :raises ThrottleTimeout: when ``timeout`` seconds pass first.
         :raises Overloaded: when ``max_waiters`` requests are already waiting.
         """
         core = self.core
         now = _now()
-        ticket = core.make_ticket(costs, priority, now)
+        ticket = core.make_ticket(costs, priority, now, gated)
         if core.try_grant(ticket, now):
             return ticket  # no await, no yield to the event loop
         if self.max_waiters is not None and core.waiting >= self.max_waiters:

@@ -297,8 +297,11 @@ class RedisBackend:
         *,
         priority: int,
         timeout: float | None,  # noqa: ASYNC109 - the Backend protocol's timeout
+        gated: bool = True,
     ) -> Any:
         """Wait until every scope in ``costs`` admits the request; return the lease.
+
+        ``gated=False`` (a nested acquire) takes no slot of the process's global cap.
 
         Called by :meth:`Limiter.acquire <throttlekit.Limiter.acquire>`.
 
@@ -325,7 +328,7 @@ class RedisBackend:
                     "it could never be sent"
                 )
         deadline = INF if timeout is None else _now() + timeout
-        return await self._acquire(local, dict(costs), priority, deadline)
+        return await self._acquire(local, dict(costs), priority, deadline, gated)
 
     def record(self, lease: Any, feedback: Feedback, consumed: Mapping[str, float] | None) -> None:
         """Keep the feedback on the lease: the controllers get it with the release."""
@@ -445,7 +448,12 @@ class RedisBackend:
         return local
 
     async def _acquire(
-        self, local: MemoryBackend, costs: dict[str, float], priority: int, deadline: float
+        self,
+        local: MemoryBackend,
+        costs: dict[str, float],
+        priority: int,
+        deadline: float,
+        gated: bool = True,
     ) -> Any:
         """Ask Redis, waiting in this process's line between attempts; fall back if it is away."""
         line = self._line
@@ -454,7 +462,7 @@ class RedisBackend:
                 raise Overloaded(f"{line.waiting} requests are already waiting (max_waiters)")
 
             async def attempt(turn: Any) -> RedisLease | tuple[int, float, bool, Any]:
-                return await self._attempt(local, costs, priority, turn, deadline)
+                return await self._attempt(local, costs, priority, turn, deadline, gated)
 
             try:
                 lease = await line.wait_for_grant(costs, priority, attempt, deadline)
@@ -465,7 +473,7 @@ class RedisBackend:
                 self._link.unavailable(exc, _now())  # raises if failing closed
             else:
                 return await self._until_send(lease)
-        return await self._acquire_locally(local, costs, priority, deadline)
+        return await self._acquire_locally(local, costs, priority, deadline, gated)
 
     async def _attempt(
         self,
@@ -474,9 +482,10 @@ class RedisBackend:
         priority: int,
         turn: Any,
         deadline: float,
+        gated: bool = True,
     ) -> RedisLease | tuple[int, float, bool, Any]:
         """One round trip, holding the per-process global cap and counted as held meanwhile."""
-        gate = await local.acquire({}, priority=priority, timeout=_remaining(deadline))
+        gate = await local.acquire({}, priority=priority, timeout=_remaining(deadline), gated=gated)
         policies = [local.policy(scope) for scope in costs]
         holdings = self._holdings
         unshared = holdings.unshared
@@ -500,12 +509,19 @@ class RedisBackend:
         return result
 
     async def _acquire_locally(
-        self, local: MemoryBackend, costs: dict[str, float], priority: int, deadline: float
+        self,
+        local: MemoryBackend,
+        costs: dict[str, float],
+        priority: int,
+        deadline: float,
+        gated: bool = True,
     ) -> LocalLease:
         """Grant from the in-memory ledgers, counting the leases this process holds in Redis."""
         await self._holdings.claim(costs, local.policy, deadline)
         try:
-            ticket = await local.acquire(costs, priority=priority, timeout=_remaining(deadline))
+            ticket = await local.acquire(
+                costs, priority=priority, timeout=_remaining(deadline), gated=gated
+            )
         except BaseException:
             self._holdings.remove(costs, shared=False)
             raise
