@@ -117,6 +117,7 @@ class Permit:
     """
 
     __slots__ = (
+        "_encloses",
         "_lease",
         "_limiter",
         "_priority",
@@ -145,6 +146,9 @@ class Permit:
         self._lease: Any = None  # the backend's lease
         # Nested in permits this task holds: (permit, the scopes shared with it).
         self._shared: tuple[tuple[Permit, frozenset[str]], ...] | None = None
+        # Whether acquires inside its ``async with`` block nest in it (adapters
+        # turn it off for the requests they send).
+        self._encloses = True
         # While held in ``async with``: the task, and the token that entered it in _HOLDS.
         self._task: object = None
         self._token: Token[tuple[Permit, ...]] | None = None
@@ -184,16 +188,11 @@ class Permit:
         holds = _HOLDS.get()
         if not self._enter_now(holds):
             await self._enter_later(holds)
-        # Acquires nested in this block (same task, same limiter) share its scopes.
-        self._task = _current_task()
-        self._token = _HOLDS.set((*holds, self))
+        if self._encloses:
+            # Acquires nested in this block (same task, same limiter) share its scopes.
+            self._task = _current_task()
+            self._token = _HOLDS.set((*holds, self))
         return self
-
-    async def _enter(self) -> None:
-        """Acquire without becoming a block that later acquires nest in (for adapters)."""
-        holds = _HOLDS.get()
-        if not self._enter_now(holds):
-            await self._enter_later(holds)
 
     def _enter_now(self, holds: tuple[Permit, ...]) -> bool:
         """The fast path, no await: a URL string, the default resolver, one scope with room."""

@@ -69,9 +69,10 @@ class HeldPermit:
     ) -> HeldPermit:
         """Wait for a permit for ``request`` (cancellation while waiting takes nothing)."""
         permit = limiter.acquire(request, priority=priority, scopes=scopes)
-        # Not ``__aenter__``: a request the adapter holds (while its response
-        # streams) is no ``async with`` block that later acquires nest in.
-        await permit._enter()
+        # A request the adapter holds (while its response streams) is no
+        # ``async with`` block that later acquires of the task nest in.
+        permit._encloses = False
+        await permit.__aenter__()
         return cls(permit, limiter)
 
     @property
