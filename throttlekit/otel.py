@@ -227,8 +227,10 @@ class LimiterMetrics:
         A scope that cannot be read (the store is away) drops out of the
         gauges until it can.
 
+        :param interval: seconds between two readings (> 0).
         :raises RuntimeError: the limiter has no shared backend.
         :raises TypeError: the backend cannot report a scope's shared state.
+        :raises ValueError: ``interval`` is not a number of seconds > 0.
         """
         if isinstance(interval, bool) or not isinstance(interval, (int, float)):
             raise TypeError(f"interval must be a number of seconds, got {interval!r}")
