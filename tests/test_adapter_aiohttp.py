@@ -156,11 +156,11 @@ async def test_throttling_sets_scopes_and_priority(server: LocalServer) -> None:
 async def test_throttling_blocks_nest_and_validate() -> None:
     with throttling(scopes={"api": 2.0}):
         with throttling(priority=3):
-            options = adapter._OPTIONS.get()
+            options = adapter.options()
             assert options.scopes == {"api": 2.0}
             assert options.priority == 3
-        assert adapter._OPTIONS.get().priority == 0
-    assert adapter._OPTIONS.get().scopes is None
+        assert adapter.options().priority == 0
+    assert adapter.options().scopes is None
     with pytest.raises(TypeError, match="priority"), throttling(priority="high"):  # type: ignore[arg-type]
         pass
     with pytest.raises(ValueError, match="cost"), throttling(scopes={"api": -1}):

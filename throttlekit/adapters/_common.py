@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextvars
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import attrs
+
+from .. import scopes as _scopes
 
 if TYPE_CHECKING:
-    from .. import scopes as _scopes
     from .._limiter import Limiter, Permit
 
-__all__ = ["HeldPermit", "content_length", "missing_extra"]
+__all__ = [
+    "ConsumedHook",
+    "HeldPermit",
+    "body_too_large",
+    "check_budgets",
+    "content_length",
+    "is_json",
+    "json_body",
+    "missing_extra",
+    "options",
+    "throttling",
+    "token_usage",
+]
+
+#: A JSON body longer than this (by its ``Content-Length``) is not read for a consumed hook.
+MAX_JSON_BODY = 8 * 1024 * 1024
+
+#: ``consumed(response, body)``: the real cost per scope of a request, from its
+#: response and, for a JSON response, its parsed body (else ``None``); ``None``
+#: keeps the declared costs.
+ConsumedHook = Callable[[Any, Any], "Mapping[str, float] | None"]
 
 
 def missing_extra(module: str, package: str, extra: str) -> ImportError:
@@ -101,3 +127,152 @@ class HeldPermit:
         self._released = True
         self.permit.release()
         return True
+
+
+@attrs.frozen
+class _Options:
+    scopes: _scopes.ScopeCosts | None = None
+    priority: int = 0
+    adjust_delay: bool | None = None
+
+
+_NO_OPTIONS = _Options()
+_OPTIONS: contextvars.ContextVar[_Options] = contextvars.ContextVar(
+    "throttlekit_adapter_options", default=_NO_OPTIONS
+)
+
+
+@contextmanager
+def throttling(
+    *,
+    scopes: _scopes.ScopesLike | None = None,
+    priority: int | None = None,
+    adjust_delay: bool | None = None,
+) -> Iterator[None]:
+    """Set the scopes and priority of the requests sent inside the ``with`` block.
+
+    :param scopes: the scopes instead of the limiter's resolver: a scope
+        name, a set of names or ``{scope: cost}``. ``None`` keeps the
+        enclosing block's (by default: use the resolver).
+    :param priority: higher is granted first among waiters of a scope;
+        ``None`` keeps the enclosing block's (by default 0).
+    :param adjust_delay: ``False`` keeps latency-driven controllers
+        (AutoThrottle) from learning from these responses; ``None`` keeps the
+        enclosing block's.
+
+    The settings live in a :class:`contextvars.ContextVar`: they apply to
+    requests made by this task inside the block, every redirect hop
+    included, and to tasks started inside it (which copy the context). Both
+    the aiohttp middleware and the httpx transport read them (for httpx, a
+    request's own ``extensions`` win), so they also reach the requests an
+    SDK built on httpx sends for you.
+
+    Usage::
+
+        with throttling(scopes={"api.example.com": 1, "api-budget": 5.0}, priority=10):
+            async with session.post("https://api.example.com/search", json=query) as r:
+                ...
+    """
+    current = _OPTIONS.get()
+    if scopes is not None:
+        scopes = _scopes.as_scope_costs(scopes)
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise TypeError(f"priority must be an int, got {priority!r}")
+    if adjust_delay is not None and not isinstance(adjust_delay, bool):
+        raise TypeError(f"adjust_delay must be a bool or None, got {adjust_delay!r}")
+    token = _OPTIONS.set(
+        _Options(
+            scopes=current.scopes if scopes is None else scopes,
+            priority=current.priority if priority is None else priority,
+            adjust_delay=current.adjust_delay if adjust_delay is None else adjust_delay,
+        )
+    )
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
+def check_budgets(budgets: Mapping[str, str] | None) -> dict[str, str] | None:
+    """Validate an adapter's ``budgets=`` (``{budget: scope}``)."""
+    if budgets is None:
+        return None
+    if not isinstance(budgets, Mapping):
+        raise TypeError(f"budgets must be a mapping of budget names to scopes, got {budgets!r}")
+    for name, scope in budgets.items():
+        if not isinstance(name, str) or not isinstance(scope, str):
+            raise TypeError(
+                f"budgets must map str budget names to str scopes, got {name!r}: {scope!r}"
+            )
+    return dict(budgets) or None
+
+
+def options() -> _Options:
+    """The :func:`throttling` settings in force for the running task."""
+    return _OPTIONS.get()
+
+
+def is_json(headers: Any) -> bool:
+    """Whether the ``Content-Type`` says JSON (``application/json`` or ``*/*+json``)."""
+    try:
+        value = headers.get("content-type")
+    except AttributeError:
+        return False
+    if not value:
+        return False
+    text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    kind = text.partition(";")[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
+
+
+def json_body(raw: bytes) -> Any:
+    """The parsed JSON document of ``raw``, or ``None`` when it is not valid JSON."""
+    try:
+        return json.loads(raw)
+    except ValueError:  # also UnicodeDecodeError
+        return None
+
+
+def body_too_large(headers: Any) -> bool:
+    """Whether a response is too large to read for a consumed hook (by ``Content-Length``)."""
+    length = content_length(headers)
+    return length is not None and length > MAX_JSON_BODY
+
+
+def token_usage(scope: str) -> Callable[[Any, Any], dict[str, float] | None]:
+    """A consumed hook: the tokens an LLM API's JSON response reports, as the cost of ``scope``.
+
+    Reads the body's ``usage`` object: ``total_tokens`` (OpenAI chat
+    completions and responses), else ``input_tokens + output_tokens``
+    (Anthropic messages), else ``prompt_tokens + completion_tokens``. A
+    response without usage (an error, a stream) keeps the declared cost.
+
+    Usage::
+
+        transport = ThrottledTransport(limiter, consumed=token_usage("openai-tokens"))
+    """
+    if not isinstance(scope, str):
+        raise TypeError(f"scope must be a str, got {scope!r}")
+
+    def consumed(response: Any, body: Any) -> dict[str, float] | None:
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        tokens = _count(usage, "total_tokens")
+        if tokens is None:
+            parts = [_count(usage, "input_tokens"), _count(usage, "output_tokens")]
+            if None in parts:
+                parts = [_count(usage, "prompt_tokens"), _count(usage, "completion_tokens")]
+            if None in parts:
+                return None
+            tokens = sum(part for part in parts if part is not None)
+        return {scope: tokens}
+
+    return consumed
+
+
+def _count(usage: Mapping[str, Any], key: str) -> float | None:
+    value = usage.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None

@@ -37,85 +37,32 @@ aiohttp runs on asyncio only, so this adapter does too.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
-import attrs
 
-from .. import scopes as _scopes
 from .._limiter import Limiter
-from ._common import HeldPermit, content_length, missing_extra
+from ._common import (
+    ConsumedHook,
+    HeldPermit,
+    body_too_large,
+    check_budgets,
+    content_length,
+    is_json,
+    json_body,
+    missing_extra,
+    options,
+    throttling,
+    token_usage,
+)
 
 try:
     from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise missing_extra("throttlekit.adapters.aiohttp", "aiohttp >= 3.12", "aiohttp") from exc
 
-__all__ = ["ThrottlingMiddleware", "middleware", "throttling"]
-
-
-@attrs.frozen
-class _Options:
-    scopes: _scopes.ScopeCosts | None = None
-    priority: int = 0
-    adjust_delay: bool | None = None
-
-
-_NO_OPTIONS = _Options()
-_OPTIONS: contextvars.ContextVar[_Options] = contextvars.ContextVar(
-    "throttlekit_aiohttp_options", default=_NO_OPTIONS
-)
-
-
-@contextmanager
-def throttling(
-    *,
-    scopes: _scopes.ScopesLike | None = None,
-    priority: int | None = None,
-    adjust_delay: bool | None = None,
-) -> Iterator[None]:
-    """Set the scopes and priority of the requests sent inside the ``with`` block.
-
-    :param scopes: the scopes instead of the limiter's resolver: a scope
-        name, a set of names or ``{scope: cost}``. ``None`` keeps the
-        enclosing block's (by default: use the resolver).
-    :param priority: higher is granted first among waiters of a scope;
-        ``None`` keeps the enclosing block's (by default 0).
-    :param adjust_delay: ``False`` keeps latency-driven controllers
-        (AutoThrottle) from learning from these responses; ``None`` keeps the
-        enclosing block's.
-
-    The settings live in a :class:`contextvars.ContextVar`: they apply to
-    requests made by this task inside the block, every redirect hop
-    included, and to tasks started inside it (which copy the context).
-
-    Usage::
-
-        with throttling(scopes={"api.example.com": 1, "api-budget": 5.0}, priority=10):
-            async with session.post("https://api.example.com/search", json=query) as r:
-                ...
-    """
-    current = _OPTIONS.get()
-    if scopes is not None:
-        scopes = _scopes.as_scope_costs(scopes)
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise TypeError(f"priority must be an int, got {priority!r}")
-    if adjust_delay is not None and not isinstance(adjust_delay, bool):
-        raise TypeError(f"adjust_delay must be a bool or None, got {adjust_delay!r}")
-    token = _OPTIONS.set(
-        _Options(
-            scopes=current.scopes if scopes is None else scopes,
-            priority=current.priority if priority is None else priority,
-            adjust_delay=current.adjust_delay if adjust_delay is None else adjust_delay,
-        )
-    )
-    try:
-        yield
-    finally:
-        _OPTIONS.reset(token)
+__all__ = ["ThrottlingMiddleware", "middleware", "throttling", "token_usage"]
 
 
 class ThrottlingMiddleware:
@@ -125,6 +72,15 @@ class ThrottlingMiddleware:
     it does per request.
 
     :param limiter: decides when each request may be sent.
+    :param budgets: which scope tracks which budget the server reports,
+        ``{budget: scope}`` (e.g. ``{"tokens": "openai-tokens"}``); see
+        :meth:`Permit.record <throttlekit.Permit.record>`.
+    :param consumed: ``consumed(response, body)`` gives the real cost per
+        scope (e.g. :func:`token_usage`). With it, a JSON response (up to
+        8 MiB) is read in the middleware, ``body`` is its parsed document
+        (``None`` for other responses), and the result reconciles the costs
+        the request declared; ``None`` keeps them. Streamed (non-JSON)
+        responses are not read and still hold their slot until released.
 
     Timeouts: aiohttp's ``ClientTimeout(total=...)`` runs around the
     middlewares, so time spent waiting for a permit counts toward it (and a
@@ -145,12 +101,22 @@ class ThrottlingMiddleware:
         print(throttle.limiter.statistics())
     """
 
-    __slots__ = ("_background", "_limiter")
+    __slots__ = ("_background", "_budgets", "_consumed", "_limiter")
 
-    def __init__(self, limiter: Limiter) -> None:
+    def __init__(
+        self,
+        limiter: Limiter,
+        *,
+        budgets: Mapping[str, str] | None = None,
+        consumed: ConsumedHook | None = None,
+    ) -> None:
         if not isinstance(limiter, Limiter):
             raise TypeError(f"limiter must be a throttlekit.Limiter, got {limiter!r}")
+        if consumed is not None and not callable(consumed):
+            raise TypeError(f"consumed must be callable or None, got {consumed!r}")
         self._limiter = limiter
+        self._budgets = check_budgets(budgets)
+        self._consumed = consumed
         # Releases that a shared backend must await, started from aiohttp's
         # synchronous connection callbacks; kept referenced until they finish.
         self._background: set[asyncio.Task[None]] = set()
@@ -164,9 +130,9 @@ class ThrottlingMiddleware:
         return self._limiter
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
-        options = _OPTIONS.get()
+        settings = options()
         held = await HeldPermit.acquire(
-            self._limiter, request, priority=options.priority, scopes=options.scopes
+            self._limiter, request, priority=settings.priority, scopes=settings.scopes
         )
         try:
             permit = held.permit
@@ -177,7 +143,7 @@ class ThrottlingMiddleware:
                 permit.record(
                     exception=exc,
                     latency=anyio.current_time() - sent,
-                    adjust_delay=options.adjust_delay,
+                    adjust_delay=settings.adjust_delay,
                 )
                 raise
             except asyncio.CancelledError:
@@ -185,14 +151,27 @@ class ThrottlingMiddleware:
                     permit.record(
                         exception=TimeoutError("aiohttp's total timeout expired"),
                         latency=anyio.current_time() - sent,
-                        adjust_delay=options.adjust_delay,
+                        adjust_delay=settings.adjust_delay,
                     )
                 raise
+            latency = anyio.current_time() - sent
+            consumed = None
+            if self._consumed is not None:
+                body = None
+                if is_json(response.headers) and not body_too_large(response.headers):
+                    try:
+                        body = json_body(await response.read())
+                    except Exception as exc:
+                        permit.record(exception=exc, adjust_delay=False)
+                        raise
+                consumed = self._consumed(response, body)
             permit.record(
                 response,
-                latency=anyio.current_time() - sent,
+                latency=latency,
                 size=content_length(response.headers),
-                adjust_delay=options.adjust_delay,
+                adjust_delay=settings.adjust_delay,
+                consumed=consumed,
+                budgets=self._budgets,
             )
             connection = response.connection
         except BaseException:
@@ -235,11 +214,18 @@ def _total_timeout_expired(request: ClientRequest) -> bool:
     return getattr(timer, "_cancelled", False) is True
 
 
-def middleware(limiter: Limiter) -> ThrottlingMiddleware:
+def middleware(
+    limiter: Limiter,
+    *,
+    budgets: Mapping[str, str] | None = None,
+    consumed: ConsumedHook | None = None,
+) -> ThrottlingMiddleware:
     """A client middleware for ``aiohttp.ClientSession(middlewares=...)`` that uses ``limiter``.
 
     :param limiter: decides when each request may be sent. One limiter can
         serve several sessions (and other clients) at once.
+    :param budgets: ``{budget: scope}``, see :class:`ThrottlingMiddleware`.
+    :param consumed: the real cost from the response, see :class:`ThrottlingMiddleware`.
 
     Usage::
 
@@ -250,4 +236,4 @@ def middleware(limiter: Limiter) -> ThrottlingMiddleware:
     last (closest to the network) to throttle every attempt, first to
     throttle each call once.
     """
-    return ThrottlingMiddleware(limiter)
+    return ThrottlingMiddleware(limiter, budgets=budgets, consumed=consumed)

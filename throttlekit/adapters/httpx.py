@@ -35,21 +35,33 @@ Only ``httpx.AsyncClient`` is supported: the limiter runs on an event loop
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any
 
 import anyio
 
 from .._limiter import Limiter
-from ._common import HeldPermit, content_length, missing_extra
+from ._common import (
+    ConsumedHook,
+    HeldPermit,
+    body_too_large,
+    check_budgets,
+    content_length,
+    is_json,
+    json_body,
+    missing_extra,
+    options,
+    throttling,
+    token_usage,
+)
 
 try:
     import httpx
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise missing_extra("throttlekit.adapters.httpx", "httpx", "httpx") from exc
 
-__all__ = ["ThrottledTransport", "client"]
+__all__ = ["ThrottledTransport", "client", "throttling", "token_usage"]
 
 #: Keyword arguments of :func:`client` that configure the inner transport.
 _TRANSPORT_OPTIONS = ("verify", "cert", "trust_env", "http1", "http2", "limits", "proxy")
@@ -61,8 +73,19 @@ class ThrottledTransport(httpx.AsyncBaseTransport):
     :param limiter: decides when each request may be sent.
     :param transport: the transport that sends; ``None`` means a new
         ``httpx.AsyncHTTPTransport()``. It is closed with this one.
+    :param budgets: which scope tracks which budget the server reports,
+        ``{budget: scope}`` (e.g. ``{"tokens": "openai-tokens"}``): a low
+        token budget then slows that scope only (see
+        :meth:`Permit.record <throttlekit.Permit.record>`).
+    :param consumed: ``consumed(response, body)`` gives the real cost per
+        scope (e.g. :func:`token_usage`). With it, a JSON response (up to
+        8 MiB) is read in the transport, ``body`` is its parsed document
+        (``None`` for other responses), and the result reconciles the costs
+        the request declared; ``None`` keeps them. Other responses (streams)
+        are not read and still hold their slot until closed.
 
-    Per request, through ``extensions``:
+    Per request, through ``extensions`` (or, for requests an SDK sends for
+    you, the :func:`throttling` context manager; extensions win):
 
     * ``"throttling_scopes"``: the request's scopes instead of the limiter's
       resolver (a scope name, a set of names or ``{scope: cost}``);
@@ -92,9 +115,20 @@ class ThrottledTransport(httpx.AsyncBaseTransport):
             await client.get(url, extensions={"throttling_scopes": {"api-budget": 2.0}})
     """
 
-    def __init__(self, limiter: Limiter, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        limiter: Limiter,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        budgets: Mapping[str, str] | None = None,
+        consumed: ConsumedHook | None = None,
+    ) -> None:
         if not isinstance(limiter, Limiter):
             raise TypeError(f"limiter must be a throttlekit.Limiter, got {limiter!r}")
+        if consumed is not None and not callable(consumed):
+            raise TypeError(f"consumed must be callable or None, got {consumed!r}")
+        self._budgets = check_budgets(budgets)
+        self._consumed = consumed
         if transport is None:
             transport = httpx.AsyncHTTPTransport()
         elif not isinstance(transport, httpx.AsyncBaseTransport):
@@ -136,20 +170,41 @@ class ThrottledTransport(httpx.AsyncBaseTransport):
 
         The returned response's stream gives the permit back when it is closed.
         """
-        priority = request.extensions.get("throttling_priority", 0)
-        held = await HeldPermit.acquire(self._limiter, request, priority=priority)
+        settings = options()
+        extensions = request.extensions
+        priority = extensions.get("throttling_priority", settings.priority)
+        scopes = None if "throttling_scopes" in extensions else settings.scopes
+        held = await HeldPermit.acquire(self._limiter, request, priority=priority, scopes=scopes)
         try:
             permit = held.permit
             sent = anyio.current_time()
             try:
                 response = await self._transport.handle_async_request(request)
             except Exception as exc:
-                permit.record(exception=exc, latency=anyio.current_time() - sent)
+                permit.record(
+                    exception=exc,
+                    latency=anyio.current_time() - sent,
+                    adjust_delay=settings.adjust_delay,
+                )
                 raise
+            latency = anyio.current_time() - sent
+            consumed = None
+            if self._consumed is not None:
+                body = None
+                if is_json(response.headers) and not body_too_large(response.headers):
+                    try:
+                        body = await _read_json(response)
+                    except Exception as exc:
+                        permit.record(exception=exc, adjust_delay=False)
+                        raise
+                consumed = self._consumed(response, body)
             permit.record(
                 response,
-                latency=anyio.current_time() - sent,
+                latency=latency,
                 size=content_length(response.headers),
+                adjust_delay=settings.adjust_delay,
+                consumed=consumed,
+                budgets=self._budgets,
             )
             stream = response.stream
             if not isinstance(stream, httpx.AsyncByteStream):
@@ -161,6 +216,23 @@ class ThrottledTransport(httpx.AsyncBaseTransport):
             await held.release()
             raise
         return response
+
+
+async def _read_json(response: httpx.Response) -> Any:
+    """Read a JSON body in the transport; the response keeps the same bytes to give on."""
+    stream = response.stream
+    if not isinstance(stream, httpx.AsyncByteStream):
+        return None
+    try:
+        raw = b"".join([chunk async for chunk in stream])
+    finally:
+        await stream.aclose()
+    response.stream = httpx.ByteStream(raw)
+    # The raw bytes may be compressed: decode them as the client will.
+    decoded = httpx.Response(
+        response.status_code, headers=response.headers, stream=httpx.ByteStream(raw)
+    ).read()
+    return json_body(decoded)
 
 
 class _ReleasingStream(httpx.AsyncByteStream):
