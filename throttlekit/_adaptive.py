@@ -150,6 +150,7 @@ class AdaptiveState(SlotState):
         "rtt_min",
         "rtt_prev",
         "target",
+        "waited_until",
     )
 
     STATE = (
@@ -174,6 +175,7 @@ class AdaptiveState(SlotState):
         "rtt_min",
         "rtt_prev",
         "target",
+        "waited_until",
     )
     jitter = None
     replaces_policy = False
@@ -191,6 +193,7 @@ class AdaptiveState(SlotState):
         self.ok_since_cut = 0
         self.empty = 0  # throttles in a row with nothing accepted in between
         self.resumed_at = -INF  # when sending resumed after the last cut
+        self.waited_until = -INF  # the end of the last wait the server asked for
         self.blocked_until = -INF
         # [bucket index, sends, accepted] by send time, oldest first.
         self.buckets: list[list[int]] = []
@@ -235,11 +238,11 @@ class AdaptiveState(SlotState):
             self.ok_since_cut += 1
         self._remember(1 if kind == "overload" else 0)
         if kind == "throttle":
-            info = feedback.rate_limit
             quota_headers = info is not None and info.remaining is not None
+            wait = (info.retry_after if info is not None else None) or 0.0
             if sent_at > self.cut_at and not quota_headers:
-                wait = info.retry_after if info is not None else None
-                self._on_throttle(scope, sent_at, now, wait or 0.0)
+                self._on_throttle(scope, sent_at, now, wait)
+            self.waited_until = max(self.waited_until, now + wait)
         elif kind == "overload":
             if self._overloaded():
                 self._cut_for_overload(scope, now)
@@ -346,9 +349,14 @@ class AdaptiveState(SlotState):
                 # Refused at or below the target: the limit is lower than we
                 # thought (it dropped, or its window is longer than a second).
                 # Measure over up to two seconds of sending (not of waiting).
-                start = max(sent_at - 2 * horizon, self.resumed_at)
+                start = max(sent_at - 2 * horizon, self.resumed_at, self.waited_until)
                 longer = self._measured(start, sent_at, 2, flying)
-                edge = longer if old is None or longer < 0.9 * old else 0.98 * old
+                if sent_at - start < horizon / 2 or old is None or longer >= 0.9 * old:
+                    # Too little sending since the last wait to measure, or
+                    # about the same edge: a little below it.
+                    edge = 0.98 * (old or longer)
+                else:
+                    edge = longer
         if edge <= 0:
             edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
         confirmed = old is not None and abs(edge - old) <= 0.07 * old
