@@ -312,18 +312,20 @@ def test_demo_crawls_local_sites_and_reports() -> None:
                       "failed", "latency"]  # fmt: skip
     assert int(rows["fast.test"][4]) > int(rows["slow.test"][4]) > 0
     assert int(rows["quota.test"][4]) > 0
-    # The report says what each site saw: never more than the policy's 4 at once.
+    # The report says what each site saw: never more than the policy's ceiling of 8 at once.
     for host in rows:
         match = re.search(rf"^{re.escape(host)}: (\d+) ok .* at most (\d+) requests at once", out,
                           re.MULTILINE)  # fmt: skip
         assert match, out
-        assert 1 <= int(match.group(2)) <= 4
+        # flaky.test hangs on 2 %: a request the client timed out frees its
+        # slot while the site still holds it, so the site may see more.
+        assert 1 <= int(match.group(2)) <= (12 if host == "flaky.test" else 8)
     # Each site: what it does, the policy applied, and what the limiter did and why.
-    assert out.count("throttlekit applies: concurrency 4, delay 0 s") == 4, out
+    assert out.count("throttlekit applies: concurrency 8, delay 0 s") == 4, out
+    assert out.count("controllers: backoff, adaptive") == 4, out
     explanations = re.findall(r"^  (.+): this site (.+)\.$", out, re.MULTILINE)
     assert len(explanations) == 4, out
-    assert "429" in explanations[2][0] or "never had to slow down" in explanations[2][0]
-    assert "AutoThrottle" in explanations[1][0] or "backed off" in explanations[1][0]
+    assert all(explanation.startswith("Adaptive ") for explanation, _ in explanations), out
     assert re.search(r"^done in \d+\.\d s$", out, re.MULTILINE)
 
 
@@ -513,6 +515,22 @@ def test_fetch_writes_to_stdout_without_output(tmp_path: Path, server: LocalServ
         "http://a.test/1",
         "http://b.test/1",
     ]
+
+
+def test_fetch_adaptive_holds_a_hosts_rate_limit(tmp_path: Path, server: LocalServer) -> None:
+    server.route("q.test", behaviour=RateLimited(5, 1.0, style="retry-after"))
+    urls_file = write_urls(tmp_path / "urls.txt", [f"http://q.test/{n}" for n in range(30)])
+    result = run_cli(
+        "fetch", urls_file, "--proxy", server.proxy_url, "--per-host", "8", "--delay", "0",
+        "--adaptive", "-o", tmp_path / "out.jsonl", "--quiet",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = read_jsonl(tmp_path / "out.jsonl")
+    assert sorted(r["status"] for r in records) == [200] * 30
+    hits = server.hits("q.test")
+    refused = sum(1 for hit in hits if hit.status == 429)
+    assert refused <= 4, refused  # it slows to the limit instead of retrying into it
+    assert server.max_in_flight("q.test") <= 8
 
 
 def test_fetch_documented_config(tmp_path: Path, server: LocalServer) -> None:

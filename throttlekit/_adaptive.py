@@ -445,6 +445,7 @@ class AdaptiveState(SlotState):
             if elapsed >= 0.5:
                 if sent >= 0.5 * self.rate:  # the scope uses its rate: double it
                     self.rate = min(self.rate * 2.0, ceiling * 2.0)
+                    self.reason = f"adaptive: no limit met yet, up to {self.rate:.3g}/s"
                 self.phase_at = now
             return
         target = self.target

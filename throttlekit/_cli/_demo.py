@@ -16,8 +16,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .._autothrottle import AutoThrottle
-from .._backoff import Backoff
+from .._adaptive import Adaptive
 from .._limiter import Limiter
 from .._policy import ScopePolicy
 from ..testing import CapacityServer, FixedServer, FlakyServer, QuotaServer, ServerModel
@@ -64,20 +63,9 @@ WORKERS_PER_SITE = 8
 
 
 def demo_limiter(seed: int = 0) -> Limiter:
-    """The demo's policy: 4 at a time per site, no fixed delay, backoff on.
-
-    ``slow.test`` also runs AutoThrottle (latency-driven delay).
-    """
-    backoff = Backoff(min_delay=0.25, window=10.0)
-    default = ScopePolicy(concurrency=4, delay=0.0, slot_delay=0.0, backoff=backoff)
-    slow = ScopePolicy(
-        concurrency=4,
-        delay=0.0,
-        slot_delay=0.0,
-        backoff=backoff,
-        autothrottle=AutoThrottle(start_delay=0.5, max_delay=5.0, target_concurrency=2.0),
-    )
-    return Limiter(default=default, scopes={"slow.test": slow}, concurrency=32, seed=seed)
+    """The demo's policy: Adaptive under a ceiling of 8 at a time per site, no fixed delay."""
+    default = ScopePolicy(concurrency=8, delay=0.0, slot_delay=0.0, adaptive=Adaptive())
+    return Limiter(default=default, concurrency=32, seed=seed)
 
 
 class _SiteStats:
@@ -182,7 +170,18 @@ def _explanation(crawl: _Crawl, host: str, behaviour: str) -> str:
     delay = scope.delay if scope is not None else policy.delay
     signals = _signals(stats)
     peak = crawl.peak_backoff[host]
-    if peak and signals:
+    if policy.adaptive is not None:
+        concurrency = scope.concurrency if scope is not None else policy.concurrency
+        reason = scope.reason if scope is not None else ""
+        if reason.startswith("adaptive: "):
+            reason = reason[len("adaptive: ") :]
+        if not reason or reason.startswith("no limit"):
+            did = f"Adaptive met no rate limit and keeps {concurrency} at a time, as latency allows"
+        else:
+            did = f"Adaptive holds {1 / delay:.1f} requests/s, {concurrency} at a time ({reason})"
+        if signals:
+            did += f" after {signals}"
+    elif peak and signals:
         did = f"backed off after {signals} (backoff level up to {peak}, delay now {delay:.2f} s)"
     elif signals:
         did = f"got {signals}, too few to slow down for"

@@ -311,6 +311,14 @@ def fetch_command(
             min=0.0,
         ),
     ] = None,
+    adaptive: Annotated[
+        bool,
+        typer.Option(
+            "--adaptive",
+            help="THROTTLING_ADAPTIVE: find and hold what each host allows, with --per-host "
+            "and --delay as the ceiling.",
+        ),
+    ] = False,
     timeout: Annotated[
         float | None, typer.Option(help="Seconds before a request times out (default 30).")
     ] = None,
@@ -353,6 +361,8 @@ def fetch_command(
     if delay is not None:
         settings["DOWNLOAD_DELAY"] = delay
         settings.setdefault("DOWNLOAD_DELAY_PER_SLOT", delay)
+    if adaptive:
+        settings["THROTTLING_ADAPTIVE"] = True
     limiter = build_limiter(settings, where)
 
     def option(value: Any, key: str, default: Any, kind: tuple[type, ...]) -> Any:
