@@ -354,6 +354,55 @@ async def test_timeouts_overloads_and_cancellations(metrics: Metrics) -> None:
     assert metrics.values("throttlekit.permit.waiting", points) == {frozenset(): 0}
 
 
+async def test_a_request_of_an_async_resolver_that_times_out_is_counted(metrics: Metrics) -> None:
+    async def resolver(request: Any) -> str:
+        await anyio.lowlevel.checkpoint()
+        return "api.test"
+
+    limiter = Limiter(default=policy(concurrency=1, delay=0.0), resolver=resolver)
+    metrics.instrument(limiter)
+
+    async def hold() -> None:
+        async with limiter.acquire("https://api.test/a"):
+            await anyio.sleep(1.0)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(hold)
+        await settle()
+        with pytest.raises(ThrottleTimeout):
+            async with limiter.acquire("https://api.test/b", timeout=0.5):
+                pass
+    points = metrics.points()
+    # Its scopes would take running the resolver again: it counts in the group "unknown".
+    assert metrics.values("throttlekit.permit.timeouts", points) == {group("unknown"): 1}
+    assert metrics.values("throttlekit.permit.grants", points) == {attrs_(): 1}
+
+
+async def test_nested_acquires_share_and_their_feedback_counts(metrics: Metrics) -> None:
+    """An acquire nested in a permit of the same task shares it: no second grant."""
+    limiter = Limiter(default=policy(concurrency=1, delay=0.0), concurrency=None)
+    metrics.instrument(limiter)
+    async with limiter.acquire(scopes="budget") as outer:
+        async with limiter.acquire(scopes="budget") as inner:
+            assert inner.scopes == {}
+            inner.record(status=503)  # reaches the shared scope
+        async with limiter.acquire(scopes={"budget": 1.0, "site.test": 1.0}):
+            pass  # only site.test is granted anew
+        outer.record(status=200)
+    points = metrics.points()
+    assert metrics.values("throttlekit.permit.grants", points) == {attrs_(): 2}
+    assert metrics.values("throttlekit.permit.active", points) == {attrs_(): 0}
+    assert metrics.values("throttlekit.backoff.signals", points) == {
+        attrs_(**{"error.type": "503"}): 1
+    }
+    assert (
+        metrics.histogram("throttlekit.permit.wait_time", points)[
+            attrs_(**{OUTCOME: "granted"})
+        ].count
+        == 2
+    )
+
+
 # -- acquire_nowait, release(), closing ------------------------------------------------
 
 

@@ -66,6 +66,9 @@ _DEFAULT_GROUP: Final = "default"
 #: The group of scopes whose policy was set after instrumenting (robots.txt
 #: ``Crawl-Delay``, :meth:`Limiter.set_policy <throttlekit.Limiter.set_policy>`).
 _OTHER_GROUP: Final = "other"
+#: The group of a request that was not granted and whose scopes cannot be told
+#: without running its (async) resolver again.
+_UNKNOWN_GROUP: Final = "unknown"
 
 #: Histogram buckets of ``throttlekit.permit.wait_time`` (seconds).
 _WAIT_BUCKETS: Final = (
@@ -265,8 +268,11 @@ class LimiterMetrics:
         return {group_of(scope) for scope in scopes}
 
     def _granted(self, permit: _MeteredPermit, waited: float) -> tuple[str, ...]:
-        self._offset = permit.granted_at - time.monotonic()
-        scopes = permit._lease.scopes
+        lease = permit._lease
+        if lease is None:
+            return ()  # nested in a permit its task holds: it shares that one, granted nothing
+        self._offset = lease.granted_at - time.monotonic()
+        scopes = lease.scopes
         group_of = self.group_of
         if len(scopes) == 1:
             groups: tuple[str, ...] = (group_of(next(iter(scopes))),)
@@ -310,7 +316,7 @@ class LimiterMetrics:
         else:
             return  # a misuse or a resolver's error: not a throttling decision
         histogram = self._instruments.wait_time
-        for group in self._groups(_requested_scopes(permit)):
+        for group in self._groups(_requested_scopes(permit)) or {_UNKNOWN_GROUP}:
             attributes = self._attributes(group)
             if counter is not None:
                 counter.add(1, attributes)
@@ -322,7 +328,7 @@ class LimiterMetrics:
         if limiter is None:
             return
         self._offset = _now() - time.monotonic()
-        scopes: Iterable[str] = feedback.scopes if feedback.scopes is not None else permit.scopes
+        scopes: Iterable[str] = feedback.scopes if feedback.scopes is not None else _fed(permit)
         info = feedback.rate_limit
         requested = None if info is None else info.wait()
         signalled: dict[str, str] = {}
@@ -640,6 +646,14 @@ def _signal_name(backoff: Backoff, feedback: Feedback) -> str:
     cls = type(feedback.exception)
     module = cls.__module__
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _fed(permit: Permit) -> set[str]:
+    """The scopes a permit's feedback reaches: its own, and those it shares with its holders."""
+    names = set(permit.scopes)
+    for _, shared in permit._shared or ():
+        names |= shared
+    return names
 
 
 def _requested_scopes(permit: Permit) -> Iterable[str]:
