@@ -833,3 +833,28 @@ async def test_set_policy_applies_to_waiting_requests_at_once() -> None:
             limiter.set_policy("a.example", {"concurrency": 3})  # type: ignore[arg-type]
     assert grants[3] == 10.0
     assert_idle(limiter)
+
+
+def test_the_fast_path_reads_the_clock_of_the_loop_that_runs_it() -> None:
+    """The clock of the loop found running last is kept for the fast path; a
+    virtual-time loop run afterwards in the same thread still gets its own clock."""
+    from throttlekit.testing import VirtualEventLoop
+
+    limiter = Limiter(concurrency=None, default=ScopePolicy(concurrency=None, delay=0))
+
+    async def send_twice(url: str) -> list[float]:
+        granted = []
+        for _ in range(2):  # the second one takes the fast path (the scope exists)
+            async with limiter.acquire(url) as permit:
+                granted.append(permit.granted_at)
+            await asyncio.sleep(1.0)
+        return granted
+
+    real = asyncio.run(send_twice("https://real.example/"))
+    assert real[1] - real[0] >= 1.0
+    loop = VirtualEventLoop()
+    try:
+        assert loop.run_until_complete(send_twice("https://virtual.example/")) == [0.0, 1.0]
+    finally:
+        loop.close()
+    assert asyncio.run(send_twice("https://real.example/"))[0] > real[1]

@@ -14,13 +14,13 @@ __all__ = ["now", "now_or_monotonic"]
 
 _STOCK_TIME = BaseEventLoop.time
 
-# The asyncio loop last found running, and its clock. A loop runs in one
+# The asyncio loop last found running and its clock, replaced as one tuple so
+# that another thread's update is never seen half done. A loop runs in one
 # thread at a time and a thread runs one loop at a time, so while that loop's
 # ``_thread_id`` is the current thread, it is the running loop: checking that
 # avoids ``_get_running_loop()``, which makes a getpid() system call per call
 # on Python 3.11.
-_loop: Any = None  # an AbstractEventLoop with a _thread_id
-_loop_time: Callable[[], float] = time.monotonic
+_running: tuple[Any, Callable[[], float]] = (None, time.monotonic)
 
 
 def now() -> float:
@@ -32,20 +32,20 @@ def now() -> float:
     through sniffio on every call, which is most of the cost of an
     uncontended acquire, so the asyncio case is taken directly.
     """
-    loop = _loop
+    loop, clock = _running
     if loop is not None and loop._thread_id == get_ident():
-        return _loop_time()
+        return clock()
     return _find_clock()
 
 
 def _find_clock() -> float:
-    global _loop, _loop_time
+    global _running
     loop = _get_running_loop()
     if loop is None:
         return anyio.current_time()
     clock = time.monotonic if type(loop).time is _STOCK_TIME else loop.time
     if getattr(loop, "_thread_id", None) == get_ident():  # uvloop has none: not cached
-        _loop, _loop_time = loop, clock
+        _running = (loop, clock)
     return clock()
 
 

@@ -109,11 +109,8 @@ class MemoryBackend:
         with :meth:`try_acquire` or :meth:`acquire`.
         """
         # _now(), inline: the clock of the asyncio loop found running last, if it still is.
-        loop = _clock._loop
-        if loop is not None and loop._thread_id == _get_ident():
-            now = _clock._loop_time()
-        else:
-            now = _now()
+        loop, clock = _clock._running
+        now = clock() if loop is not None and loop._thread_id == _get_ident() else _now()
         return self.core.grant_one(scope, priority, now)
 
     def try_acquire(self, costs: Mapping[str, float], priority: int) -> Ticket | None:
