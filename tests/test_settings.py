@@ -390,6 +390,7 @@ BAD_SCOPE_KEYS: dict[str, list[Any]] = {
     "jitter": _NUMBER(1.5, [0.5, 0.1], "x", bool_ok=True),
     "quota": _NUMBER(0, -1, "x"),
     "window": _NUMBER(0, -1, None),
+    "max_stall": _NUMBER(0, -1, "x"),
     "ignore_robots_txt": [*NON_FINITE, *HUGE, *WRONG_TYPE, "sometimes", 2, None],
     "backoff": [*NON_FINITE[:2], *HUGE[:1], *WRONG_TYPE, "yes", 5, [1], {"unknown": 1}],
     "rampup": ["yes", 5, [1], {"unknown": 1}, *WRONG_TYPE[:2]],

@@ -20,6 +20,7 @@ from ._controller import BaseController, Controller, Feedback, ScopeSnapshot, Sc
 from ._errors import (
     BackendUnavailable,
     Overloaded,
+    ScopeStalled,
     ThrottlekitError,
     ThrottleTimeout,
     WouldBlock,
@@ -44,6 +45,7 @@ __all__ = [
     "Rampup",
     "ScopePolicy",
     "ScopeSnapshot",
+    "ScopeStalled",
     "ScopeStatistics",
     "ScopeView",
     "ThrottleTimeout",

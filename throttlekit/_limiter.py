@@ -19,7 +19,7 @@ from . import scopes as _scopes
 from ._checks import check_number
 from ._clock import now as _now
 from ._controller import Feedback
-from ._errors import WouldBlock
+from ._errors import ScopeStalled, WouldBlock
 from ._policy import ScopePolicy
 from ._stats import LimiterStatistics, ScopeStatistics
 from .backends.memory import MemoryBackend
@@ -229,6 +229,7 @@ class Permit:
         costs = limiter._resolve(self._request, self._scopes)
         if type(costs) is not dict:
             costs = _scopes.as_scope_costs(await costs)
+        limiter._check_stall(costs)
         self._lease = await limiter._backend.acquire(
             costs, priority=self._priority, timeout=self._timeout
         )
@@ -256,6 +257,7 @@ class Permit:
         )
         added = {name: cost for name, cost in costs.items() if name not in owner}
         if added:
+            limiter._check_stall(added)
             # The enclosing permit holds a slot of the global cap: take none.
             self._lease = await limiter._backend.acquire(
                 added, priority=self._priority, timeout=self._timeout, gated=False
@@ -744,6 +746,29 @@ class Limiter:
         if inspect.isawaitable(result):
             return result
         return _scopes.as_scope_costs(result)
+
+    def _check_stall(self, costs: Mapping[str, float]) -> None:
+        """Raise :class:`ScopeStalled` if a scope with ``max_stall`` reopens later than that."""
+        scopes = self._local.core.scopes
+        now = None
+        for name, cost in costs.items():
+            ledger = scopes.get(name)
+            if ledger is None or ledger.policy.max_stall is None:
+                continue
+            if now is None:
+                now = _now()
+            ready = ledger.ready_at(cost, now)
+            limit = ledger.policy.max_stall
+            if ready == INF or ready - now <= limit:
+                continue  # a full scope reopens with a release; a short wait is no stall
+            policy = ledger.policy
+            if ledger.blocked_until >= ready:
+                reason = "the server asked to wait (Retry-After or a rate-limit reset)"
+            elif policy.quota is not None and ledger.next_send_at < ready:
+                reason = f"its quota of {policy.quota:g} per {policy.window:g} s is used up"
+            else:
+                reason = f"its delay between sends is {ledger.delay:g} s"
+            raise ScopeStalled(name, reason, ready, ready - now, limit)
 
     def _make_feedback(self, granted_at: float, **fields: Any) -> Feedback:
         fields["sent_at"] = granted_at

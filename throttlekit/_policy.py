@@ -46,6 +46,14 @@ class ScopePolicy:
     :param quota: units of cost the scope may consume in any ``window``;
         ``None`` means no quota. Each request declares its cost (default 1.0).
     :param window: length of the quota window in seconds.
+    :param max_stall: seconds a request will wait for this scope to reopen at
+        most: when the server blocked the scope (``Retry-After``, a rate-limit
+        reset) or its quota is used up until further ahead than this,
+        :meth:`Limiter.acquire` raises :class:`ScopeStalled` (naming the
+        scope, the reason and when it reopens) instead of waiting. Checked
+        when a request asks for the scope, not for requests already waiting
+        (give those a ``timeout``). ``None`` (the default) waits as long as
+        needed.
     :param backoff: error-driven slowdown (429/5xx/timeouts, ``Retry-After``,
         ``RateLimit`` headers); on by default. ``None`` turns it off entirely.
     :param autothrottle: latency-driven delay (Scrapy's AutoThrottle); off by default.
@@ -73,6 +81,7 @@ class ScopePolicy:
     jitter: tuple[float, float] = attrs.field(default=(0.0, 0.0), converter=normalize_jitter)
     quota: float | None = attrs.field(default=None, validator=optional_positive)
     window: float = attrs.field(default=60.0, validator=positive)
+    max_stall: float | None = attrs.field(default=None, validator=optional_positive)
     backoff: Backoff | None = attrs.field(
         factory=Backoff, validator=attrs.validators.optional(attrs.validators.instance_of(Backoff))
     )

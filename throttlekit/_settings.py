@@ -84,6 +84,7 @@ _POLICY_KEYS = {
     "jitter": "jitter",
     "quota": "quota",
     "window": "window",
+    "max_stall": "max_stall",
     "ignore_robots_txt": "ignore_robots_txt",
 }
 #: The setting behind each field of the default policy (for error messages).
@@ -107,6 +108,7 @@ _ALLOWED = {
     "slot_delay": f"{_SECONDS} >= 0",
     "quota": "a finite number > 0",
     "window": f"{_SECONDS} > 0",
+    "max_stall": f"{_SECONDS} > 0",
     "jitter": "True, False, a fraction in [0, 1) or a [low, high] pair with -1 < low <= high",
     "target": "an int >= 0 or a [low, high] pair of ints",
     "http_codes": "a list of HTTP status codes (ints from 100 to 999)",
@@ -514,6 +516,9 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
             elif field == "quota":
                 if value is not None:  # None: no quota
                     value = read_float(value, name, f"{_allowed(field)} or None (no quota)")
+            elif field == "max_stall":
+                if value is not None:  # None: wait as long as needed
+                    value = read_float(value, name, f"{_allowed(field)} or None (no limit)")
             else:
                 value = read_float(value, name, _allowed(field))
             changes[field] = value
