@@ -26,7 +26,7 @@ from .._clock import now as _now
 from . import _redis_scripts as scripts
 from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
-from ._redis_link import UNAVAILABLE, Link, Script
+from ._redis_link import UNAVAILABLE, Link, Script, describe_failure, time_bound
 from ._redis_state import PolicyArgs, feedback_write, parse_states, send_write
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ class ScriptCalls:
         :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
         """
         bound = min(self.command_timeout, max(deadline - _now(), GRACE))
-        with anyio.fail_after(bound):
+        async with time_bound(bound):  # (asyncio's own: a fraction of an anyio scope's cost)
             reply = await self.link.call(script, keys, args)
         self.link.answered()
         return reply
@@ -361,7 +361,7 @@ class ScriptCalls:
                 logger.warning(
                     "could not release a lease on Redis at %s (%s); it expires in %g s",
                     self.link.location,
-                    "no reply in time" if isinstance(exc, TimeoutError) else type(exc).__name__,
+                    describe_failure(exc),
                     self.lease_time,
                 )
             return False

@@ -10,8 +10,10 @@ socket timeouts of the client.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import sys
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any, Final
@@ -28,20 +30,44 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._errors import BackendUnavailable
 
-__all__ = ["UNAVAILABLE", "Link", "Script", "client_location", "pack", "redact_url"]
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as time_bound
+else:  # pragma: no cover - redis-py depends on async-timeout there
+    from async_timeout import timeout as time_bound  # type: ignore[import-not-found,unused-ignore]
+
+__all__ = [
+    "UNAVAILABLE",
+    "Link",
+    "Script",
+    "client_location",
+    "describe_failure",
+    "pack",
+    "redact_url",
+    "time_bound",
+]
 
 logger = logging.getLogger("throttlekit.backends.redis")
 
 INF: Final = math.inf
 
 #: Errors that mean "Redis cannot be reached (or cannot take writes) now"
-#: (``TimeoutError`` is an ``OSError``: a round trip over its bound).
+#: (``TimeoutError``, an ``OSError``, and ``asyncio.TimeoutError``, the same
+#: class since Python 3.11: a round trip over its bound).
 UNAVAILABLE: Final = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     redis_errors.ReadOnlyError,
     OSError,
+    asyncio.TimeoutError,
 )
+
+
+def describe_failure(exc: BaseException) -> str:
+    """Why a round trip failed, in words (never the server's address or credentials)."""
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return "no reply in time"
+    return type(exc).__name__
+
 
 #: Connections kept for reuse; more concurrent calls borrow from the pool.
 _KEEP: Final = 16
@@ -205,7 +231,7 @@ class Link:
     def unavailable(self, exc: BaseException, now: float) -> None:
         """Redis did not answer: raise :class:`BackendUnavailable` if failing closed."""
         self.retry_at = now + self.reconnect_interval
-        reason = "no reply in time" if isinstance(exc, TimeoutError) else type(exc).__name__
+        reason = describe_failure(exc)
         if self.failure == "fail_closed":
             self.down = True
             raise BackendUnavailable(

@@ -223,9 +223,10 @@ class RedisBackend:
         ``client_options`` (``password=...``); they never appear in reprs, logs
         or the backend's exceptions. TLS options (``ssl_ca_certs=...``) go in
         the URL query or ``client_options``. Unless given, the client gets a
-        connect timeout and a socket timeout of ``command_timeout`` and no
-        retries of its own (the backend bounds and retries its round trips
-        itself), so an outage is noticed within ``command_timeout``. The other
+        connect timeout of ``command_timeout``, no socket timeout and no
+        retries of its own: the backend bounds each of its round trips itself
+        (a socket timeout would only add a timer task to every call), so an
+        outage is noticed within ``command_timeout``. The other
         keyword arguments are those of the constructor; the client is closed
         by :meth:`aclose`.
         """
@@ -233,7 +234,7 @@ class RedisBackend:
             raise TypeError(f"url must be a str, got {type(url).__name__}")
         location = redact_url(url)
         client_options.setdefault("socket_connect_timeout", command_timeout)
-        client_options.setdefault("socket_timeout", command_timeout)
+        client_options.setdefault("socket_timeout", None)
         client_options.setdefault("retry", Retry(NoBackoff(), 0))
         try:
             client = aioredis.from_url(url, **client_options)
