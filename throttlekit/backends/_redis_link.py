@@ -23,6 +23,8 @@ import anyio
 try:
     import redis.asyncio as aioredis
     from redis import exceptions as redis_errors
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
@@ -40,6 +42,7 @@ __all__ = [
     "Link",
     "Script",
     "client_location",
+    "connect",
     "describe_failure",
     "pack",
     "redact_url",
@@ -87,6 +90,22 @@ def redact_url(url: str) -> str:
     if parts.username or parts.password or "@" in parts.netloc:
         netloc = f"***@{netloc}"
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def connect(
+    url: str, command_timeout: float, options: dict[str, Any]
+) -> tuple[aioredis.Redis, str]:
+    """A client for ``url`` and where it connects (see ``RedisBackend.from_url``)."""
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, got {type(url).__name__}")
+    location = redact_url(url)
+    options.setdefault("socket_connect_timeout", command_timeout)
+    options.setdefault("socket_timeout", None)  # each round trip is bounded by the backend
+    options.setdefault("retry", Retry(NoBackoff(), 0))
+    try:
+        return aioredis.from_url(url, **options), location
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"invalid Redis URL {location}: {exc}") from None
 
 
 def client_location(client: Any) -> str:

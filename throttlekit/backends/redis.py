@@ -30,8 +30,6 @@ import anyio
 
 try:
     import redis.asyncio as aioredis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
@@ -44,7 +42,7 @@ from .._stats import ScopeStatistics
 from ._redis_calls import STATE, RedisBackendStatistics, ScriptCalls
 from ._redis_leases import Holdings, LocalLease, RedisLease
 from ._redis_line import WaiterLine
-from ._redis_link import UNAVAILABLE, Link, client_location, redact_url
+from ._redis_link import UNAVAILABLE, Link, client_location, connect
 from ._redis_state import scope_statistics
 
 if TYPE_CHECKING:
@@ -230,16 +228,7 @@ class RedisBackend:
         keyword arguments are those of the constructor; the client is closed
         by :meth:`aclose`.
         """
-        if not isinstance(url, str):
-            raise TypeError(f"url must be a str, got {type(url).__name__}")
-        location = redact_url(url)
-        client_options.setdefault("socket_connect_timeout", command_timeout)
-        client_options.setdefault("socket_timeout", None)
-        client_options.setdefault("retry", Retry(NoBackoff(), 0))
-        try:
-            client = aioredis.from_url(url, **client_options)
-        except (ValueError, TypeError) as exc:
-            raise type(exc)(f"invalid Redis URL {location}: {exc}") from None
+        client, location = connect(url, command_timeout, client_options)
         return cls(
             client,
             prefix=prefix,
