@@ -42,7 +42,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import throttlekit
-from throttlekit import AutoThrottle, Backoff, BaseController, Feedback, Rampup, ScopePolicy
+from throttlekit import (
+    Adaptive,
+    AutoThrottle,
+    Backoff,
+    BaseController,
+    Feedback,
+    Rampup,
+    ScopePolicy,
+)
 from throttlekit._scheduler import Scheduler, Ticket
 from throttlekit.backends._redis_state import PolicyArgs
 from throttlekit.backends.redis import RedisBackend
@@ -116,6 +124,9 @@ POLICIES = {
         concurrency=2, delay=1.0, slot_delay=0.0, rampup=Rampup(window=10.0, target=(1, 2))
     ),
     "custom": ScopePolicy(concurrency=3, delay=0.0, slot_delay=0.0, controllers=(Nudge,)),
+    "adaptive": ScopePolicy(
+        concurrency=4, delay=0.0, slot_delay=0.0, adaptive=Adaptive(start_rate=2.0, hold=5.0)
+    ),
 }
 
 # Times are multiples of 1/64 s, exact in binary and in the scripts' milliseconds.
@@ -226,7 +237,7 @@ async def _compare(url: str, policy: ScopePolicy, operations: list[Any]) -> None
 def test_controllers_decide_alike_in_memory_and_in_redis(
     redis_server: RedisServer, name: str
 ) -> None:
-    """Every built-in controller and a custom one: same grants, delays, concurrency, blocks."""
+    """Every built-in controller (Adaptive too) and a custom one: same grants and limits."""
     policy = POLICIES[name]
 
     @settings(

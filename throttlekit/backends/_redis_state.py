@@ -74,21 +74,13 @@ def _name(factory: object) -> str:
 
 def fingerprint(policy: ScopePolicy) -> str:
     """The same short text for equal policies in every process (their controllers too)."""
-    text = repr(
-        (
-            policy.concurrency,
-            policy.delay,
-            policy.slot_delay,
-            policy.jitter,
-            policy.quota,
-            policy.window,
-            policy.backoff,
-            policy.autothrottle,
-            policy.rampup,
-            [_name(factory) for factory in policy.controllers],
-        )
-    )
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    values = []
+    for field in attrs.fields(type(policy)):
+        value = getattr(policy, field.name)
+        if field.name == "controllers":
+            value = [_name(factory) for factory in value]
+        values.append((field.name, value))
+    return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
 
 
 def _limits(fp: str, policy: ScopePolicy, controllers: Sequence[Controller]) -> str:

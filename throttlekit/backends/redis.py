@@ -3,7 +3,7 @@
 Give a :class:`~throttlekit.Limiter` a :class:`RedisBackend` and every
 process that uses the same Redis and ``prefix`` shares each scope's
 concurrency, delays, quota and controllers (backoff, ``Retry-After`` blocks,
-AutoThrottle, rampup, custom controllers)::
+AutoThrottle, rampup, Adaptive, custom controllers)::
 
     backend = RedisBackend.from_url("redis://127.0.0.1:6379/0", prefix="myjob")
     limiter = Limiter(default=ScopePolicy(concurrency=3, delay=0.5), backend=backend)
@@ -83,7 +83,7 @@ class RedisBackend:
     (with jitter), the quota window with costs (reconciled with the
     ``consumed`` costs given to :meth:`~throttlekit.Permit.record`), and the
     controllers: backoff (and ``Retry-After`` / ``RateLimit`` blocks),
-    AutoThrottle, rampup and custom ``controllers`` run in Python in each
+    AutoThrottle, rampup, Adaptive and custom ``controllers`` run in Python in each
     process on the state stored in Redis, so one worker's 429 slows all of
     them. Each scope's policy comes from the limiter that asks
     (:meth:`Limiter.policy <throttlekit.Limiter.policy>`): configure the
