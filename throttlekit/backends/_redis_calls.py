@@ -109,7 +109,9 @@ class ScriptCalls:
         self._ttl = ms(state_ttl)
         self._policy_args: dict[int, PolicyArgs] = {}
         self._keys: dict[str, list[bytes]] = {}
-        self.orphans: list[RedisLease] = []  # grants whose reply was lost: to hand back
+        #: Leases to hand back when Redis answers: grants whose reply was lost,
+        #: releases that failed.
+        self.orphans: list[RedisLease] = []
         self.acquire_calls = self.grants = self.release_calls = self.sync_calls = 0
         self.offset = -INF  # a lower bound of (Redis clock - limiter clock), seconds
         self._offset_at = 0.0
@@ -285,13 +287,14 @@ class ScriptCalls:
     # -- releasing -----------------------------------------------------------------
 
     async def hand_back_orphans(self, deadline: float, *, quiet: bool = False) -> None:
-        """Hand back grants whose acquire reply was lost.
+        """Hand back grants whose acquire reply was lost, and releases that failed.
 
         :raises TimeoutError: if Redis is still away (unless ``quiet``).
         """
         while self.orphans:
             lease = self.orphans.pop(0)
-            if not await self.release(lease, None, None, used=False, quiet=True, deadline=deadline):
+            used = lease.granted_at > -INF  # (a sent request keeps its quota)
+            if not await self.release(lease, None, None, used=used, quiet=True, deadline=deadline):
                 self.orphans.append(lease)
                 if quiet:
                     return
@@ -359,7 +362,8 @@ class ScriptCalls:
         except UNAVAILABLE as exc:
             if not quiet:
                 logger.warning(
-                    "could not release a lease on Redis at %s (%s); it expires in %g s",
+                    "could not release a lease on Redis at %s (%s); it is handed back when "
+                    "Redis answers again, or expires in %g s",
                     self.link.location,
                     describe_failure(exc),
                     self.lease_time,

@@ -349,7 +349,9 @@ class RedisBackend:
         lease.released = True
         try:
             with anyio.CancelScope(shield=True):
-                await self._calls.release(lease, lease.feedback, lease.consumed, used=True)
+                calls = self._calls
+                if not await calls.release(lease, lease.feedback, lease.consumed, used=True):
+                    calls.orphans.append(lease)  # (its feedback is lost)
         finally:
             self._let_go(lease)
 
