@@ -153,30 +153,7 @@ class AdaptiveState(SlotState):
         "waited_until",
     )
 
-    STATE = (
-        "blocked_until",
-        "buckets",
-        "concurrency",
-        "cut_at",
-        "edge",
-        "empty",
-        "hold_for",
-        "limit_growing",
-        "ok_since_cut",
-        "outcomes",
-        "phase",
-        "phase_at",
-        "rate",
-        "reason",
-        "resumed_at",
-        "round",
-        "round_busy",
-        "rtt_epoch",
-        "rtt_min",
-        "rtt_prev",
-        "target",
-        "waited_until",
-    )
+    STATE = tuple(name for name in __slots__ if name != "config")
     jitter = None
     replaces_policy = False
     due = INF  # it learns from feedback only (and so shares well through Redis)

@@ -252,26 +252,7 @@ class BackoffState(SlotState):
         "step_delay",
     )
 
-    STATE = (
-        "_bad_delay",
-        "_calm",
-        "_cut_from",
-        "_forgot",
-        "_good_delay",
-        "_pace_delay",
-        "_pace_until",
-        "_step_at",
-        "_cap",
-        "_cap_next",
-        "_cap_until",
-        "blocked_until",
-        "cut",
-        "last_signal",
-        "last_signal_at",
-        "level",
-        "reason",
-        "step_delay",
-    )
+    STATE = tuple(name for name in __slots__ if name != "config")
     replaces_policy = False
 
     def __init__(self, config: Backoff) -> None:

@@ -118,17 +118,7 @@ class RampupState(SlotState):
         "rung",
     )
 
-    STATE = (
-        "_bad",
-        "_calm",
-        "_good",
-        "_signals",
-        "_window_start",
-        "concurrency",
-        "delay",
-        "reason",
-        "rung",
-    )
+    STATE = tuple(name for name in __slots__ if name not in ("config", "_backoff"))
     #: The ledger uses this controller's delay and concurrency instead of the policy's.
     replaces_policy = True
     blocked_until = -math.inf
