@@ -33,8 +33,10 @@ _EDGE_HORIZON = 1.0
 #: Outcomes remembered for the overload share.
 _OUTCOMES = 40
 #: Vegas thresholds: grow below this many requests queued at the server, shrink above the other.
-_QUEUE_LOW = 1.0
-_QUEUE_HIGH = 2.5
+_QUEUE_LOW = 1.5
+_QUEUE_HIGH = 4.0
+#: The fewest latencies of one round (enough for a stable mean of varied service times).
+_ROUND = 10
 #: The windowed minimum RTT keeps two epochs of this length.
 _RTT_EPOCH = 30.0
 
@@ -451,20 +453,22 @@ class AdaptiveState(SlotState):
             return
         if now - self.rtt_epoch >= _RTT_EPOCH:
             self.rtt_prev, self.rtt_min, self.rtt_epoch = self.rtt_min, INF, now
-        if latency < self.rtt_min:
-            self.rtt_min = latency
         limit = self.concurrency
         if limit is None:
             return
         if scope.in_flight >= limit / 2:
             self.round_busy = True
         self.round.append(latency)
-        if len(self.round) < max(3, limit):
+        if len(self.round) < max(_ROUND, limit):
             return
-        samples = sorted(self.round)
-        median = samples[len(samples) // 2]
+        median = sum(self.round) / len(self.round)  # the round's mean latency
         busy = self.round_busy
         self.round, self.round_busy = [], False
+        # The baseline is the lowest round median of the last epochs, not the
+        # lowest single latency: with varied service times (an exponential
+        # has its minimum near 0) one lucky answer would read as a queue.
+        if median < self.rtt_min:
+            self.rtt_min = median
         floor = min(self.rtt_min, self.rtt_prev)
         if median <= 0 or floor == INF:
             return
