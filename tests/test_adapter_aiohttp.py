@@ -554,3 +554,15 @@ def test_readme_shows_the_tested_example() -> None:
     assert function in source
     assert "crawl" in call
     assert "print(" in call
+
+
+async def test_an_in_memory_permit_is_released_at_once() -> None:
+    """aiohttp releases a connection synchronously: an in-memory permit goes back then."""
+    from throttlekit.adapters._common import HeldPermit
+
+    limiter = Limiter(default=ScopePolicy(concurrency=1, delay=0))
+    held = await HeldPermit.acquire(limiter, "https://a.example/")
+    assert limiter.statistics().in_flight == 1
+    assert held.release_now()
+    assert held.released
+    assert limiter.statistics().in_flight == 0

@@ -75,10 +75,9 @@ class HeldPermit:
     def __init__(self, permit: Permit, limiter: Limiter) -> None:
         self.permit = permit
         self._released = False
-        # The Limiter has no public accessor for its backend: an in-memory
-        # permit releases synchronously, a shared backend's lease only with an
-        # awaited round trip.
-        self._in_memory = getattr(limiter, "_backend", None) is None
+        # An in-memory permit releases synchronously, a shared backend's lease
+        # only with an awaited round trip.
+        self._in_memory = limiter.backend is None
 
     def __repr__(self) -> str:
         state = "released" if self._released else "held"
