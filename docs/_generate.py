@@ -29,7 +29,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 import throttlekit
-from throttlekit import AutoThrottle, Backoff, Limiter, Rampup, ScopePolicy
+from throttlekit import Adaptive, AutoThrottle, Backoff, Limiter, Rampup, ScopePolicy
 from throttlekit.testing import (
     CapacityServer,
     FixedServer,
@@ -643,12 +643,49 @@ def diagram() -> None:
     save(figure, STATIC / "request-flow.png")
 
 
+def adaptive() -> None:
+    """A 20/s API whose quota drops to 10/s and rises to 30/s, bare 429s; Adaptive vs Backoff."""
+    server = QuotaServer(
+        limit=20,
+        window=1.0,
+        sliding=True,
+        retry_after=None,
+        latency=0.02,
+        reject_latency=0.001,
+        changes=((60.0, 10), (120.0, 30)),
+    )
+    duration = 180.0
+    figure, axes = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True)
+    for ax, label, policy in (
+        (axes[0], "Adaptive", ScopePolicy(concurrency=16, delay=0, adaptive=Adaptive())),
+        (axes[1], "Backoff alone (0.1)", ScopePolicy(concurrency=16, delay=0)),
+    ):
+        trace = simulate(
+            lambda policy=policy: Limiter(default=policy, concurrency=None, seed=1),
+            server,
+            burst("https://api.test/items/{i}", 10_000),
+            duration=duration,
+            seed=1,
+        )
+        plot_rate(ax, trace, "api.test", 2.0, label=f"{label}: sent")
+        ax.step(
+            [0, 60, 120, duration], [20, 10, 30, 30], where="post", color=GREY, linestyle="--",
+            label="server limit",
+        )  # fmt: skip
+        finish(ax, ylabel="requests/s (2 s bins)", legend="upper left")
+        print(f"  adaptive ({label}):", numbers(trace, "api.test", 0.0))
+    axes[0].set_title("A quota of 20/s that drops to 10/s and rises to 30/s (bare 429s)")
+    axes[1].set_xlabel("time (s)")
+    save(figure, CHARTS / "adaptive.png")
+
+
 IMAGES: dict[str, Callable[[], None]] = {
     "diagram": diagram,
     "backoff": backoff,
     "headers": headers,
     "autothrottle": autothrottle,
     "rampup": rampup,
+    "adaptive": adaptive,
     "quota": quota,
     "crawl-delay": crawl_delay,
 }
