@@ -67,16 +67,17 @@ class Adaptive:
       rate the server accepted in the second before the refused send. It
       pauses until the server's window has drained what was sent above the
       edge, resumes just below it, holds ``headroom`` below the edge for a
-      while (longer each time the same edge is confirmed, and long enough
+      while (a drop shows as a refusal while holding: the edge is measured
+      again at once) (longer each time the same edge is confirmed, and long enough
       that a probe's cost stays small), then probes upward, slowly at first,
       in case the limit rose. Throttles from requests sent before the last
       cut count as that cut. The rate never exceeds twice the measured send
       rate, so an idle scope does not earn a burst.
     * **Concurrency** (capacity: latency grows with load). It compares the
-      median latency of each round of responses with the recent minimum
-      latency and estimates the requests queued at the server
-      (``limit * (1 - min / median)``): it grows the limit while the queue is
-      under one request and shrinks it above 2.5, never growing while the
+      mean latency of each round of responses (at least 10) with the lowest
+      recent round mean and estimates the requests queued at the server
+      (``limit * (1 - lowest / mean)``): it grows the limit while the queue
+      is under 1.5 requests and shrinks it above 4, never growing while the
       scope does not use what it has.
 
     Random errors do not move it: only when overload errors (5xx without
@@ -123,6 +124,7 @@ class Adaptive:
         return AdaptiveState(self, policy)
 
 
+#: Classifies timeouts and dropped connections (the default backoff's exceptions) as overload.
 _BACKOFF_FOR_EXCEPTIONS = Backoff(exceptions=DEFAULT_BACKOFF_EXCEPTIONS)
 
 
