@@ -22,7 +22,7 @@ import aiohttp
 import anyio
 import httpx
 import pytest
-from _server import Hit, LocalServer, Reply, Stream
+from _server import Hit, LocalServer, Reply, Script, Stream
 from aiohttp import web
 
 import throttlekit
@@ -321,3 +321,38 @@ def test_adapters_validate_their_hooks() -> None:
         aiohttp_adapter.middleware(limiter, consumed=42)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="scope"):
         token_usage(1)  # type: ignore[arg-type]
+
+
+# -- retries with the client's own libraries (examples/cookbook_retries.py) ---------------
+
+RETRY_CASES = ["with_httpx_retries", "with_stamina", "with_aiohttp_retry"]
+
+
+@pytest.mark.parametrize("recipe_name", RETRY_CASES)
+def test_retry_recipes_honour_retry_after_once(llm_server: LocalServer, recipe_name: str) -> None:
+    # One 429 with Retry-After: 1, then 200: the retry goes through the limiter,
+    # which blocks the scope for that second; the retry is sent after about
+    # one second, not two (the library's own wait overlaps the block).
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    recipes = importlib.import_module("cookbook_retries")
+    llm_server.route(
+        API, "/item", Script(Reply(status=429, headers={"Retry-After": "1"}), then=Reply())
+    )
+    limiter = recipes.build_limiter()
+    url = f"http://{API}/item"
+    call = getattr(recipes, recipe_name)
+
+    async def run() -> int:
+        if recipe_name == "with_aiohttp_retry":
+            return int(await call(limiter, url, proxy=llm_server.proxy_url))
+        transport = httpx.AsyncHTTPTransport(proxy=llm_server.proxy_url)
+        return int(await call(limiter, url, transport))
+
+    status = asyncio.run(run())
+    assert status == 200
+    hits = llm_server.hits(API, "/item")
+    assert [hit.status for hit in hits] == [429, 200]
+    gap = hits[1].arrived - hits[0].arrived
+    assert 0.95 <= gap < 1.6, gap
+    assert limiter.statistics().scopes[API].last_signal == "429"
