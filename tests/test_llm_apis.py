@@ -356,3 +356,34 @@ def test_retry_recipes_honour_retry_after_once(llm_server: LocalServer, recipe_n
     gap = hits[1].arrived - hits[0].arrived
     assert 0.95 <= gap < 1.6, gap
     assert limiter.statistics().scopes[API].last_signal == "429"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.anyio
+async def test_a_budget_around_sdk_calls_never_deadlocks(llm_server: LocalServer) -> None:
+    # The reproduction: 50 tasks hold a budget permit around an SDK call
+    # whose transport acquires the host scope on the same limiter; with the
+    # global cap of 16 saturated by the outer permits, nothing may hang.
+    recipe = load_recipe()
+    llm_server.route(API, behaviour=LLMAPI(requests=1000, tokens=1_000_000, window=1.0))
+    limiter = throttlekit.Limiter(
+        default=throttlekit.ScopePolicy(concurrency=None, delay=0), concurrency=16
+    )
+    client = recipe.build_client(
+        limiter,
+        api_key="sk-test",
+        base_url=f"http://{API}/v1",
+        transport=httpx.AsyncHTTPTransport(proxy=llm_server.proxy_url),
+    )
+    answers: list[str] = []
+
+    async def call(n: int) -> None:
+        async with limiter.acquire(scopes={"tenant-budget": 1}):
+            answers.append(await recipe.ask(client, f"hello {n}"))
+
+    with anyio.fail_after(30):
+        async with client, anyio.create_task_group() as tasks:
+            for n in range(50):
+                tasks.start_soon(call, n)
+    assert answers == ["Hello!"] * 50
+    assert limiter.statistics().in_flight == 0
