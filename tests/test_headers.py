@@ -618,6 +618,93 @@ VENDOR_CASES = [
 ]
 
 
+#: Hostile values of each new header: ignored, clamped, never raising.
+HOSTILE_VENDOR_CASES = [
+    pytest.param({"retry-after-ms": "-5"}, expect(), id="retry-after-ms-negative"),
+    pytest.param({"retry-after-ms": "1e9"}, expect(), id="retry-after-ms-exponent"),
+    pytest.param({"retry-after-ms": "nan"}, expect(), id="retry-after-ms-nan"),
+    pytest.param({"retry-after-ms": "9" * 21}, expect(), id="retry-after-ms-too-long"),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "9" * 19 + "h"},
+        expect(source="openai", budget="requests", remaining=0.0, reset=MAX_DELAY),
+        id="go-duration-huge-is-clamped",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1h" * 30},
+        expect(source="openai", budget="requests", remaining=0.0),
+        id="go-duration-too-long-ignored",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "-1s"},
+        expect(source="openai", budget="requests", remaining=0.0),
+        id="go-duration-negative-ignored",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1d"},
+        expect(source="openai", budget="requests", remaining=0.0),
+        id="go-duration-unknown-unit-ignored",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-tokens": "-3", "x-ratelimit-limit-tokens": "0"},
+        expect(),
+        id="openai-negative-and-zero-ignored",
+    ),
+    pytest.param(
+        {
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "2025-13-45T25:61:61Z",
+        },
+        expect(source="anthropic", budget="requests", remaining=0.0),
+        id="rfc3339-impossible-date-ignored",
+    ),
+    pytest.param(
+        {
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "2025-10-25T12:00:00+99:99",
+        },
+        expect(source="anthropic", budget="requests", remaining=0.0),
+        id="rfc3339-impossible-offset-ignored",
+    ),
+    pytest.param(
+        {
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "9999-12-31T23:59:59Z",
+        },
+        expect(source="anthropic", budget="requests", remaining=0.0, reset=MAX_DELAY),
+        id="rfc3339-far-future-clamped",
+    ),
+    pytest.param(
+        {
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "2025-10-25T12:00:00." + "0" * 21 + "Z",
+        },
+        expect(source="anthropic", budget="requests", remaining=0.0),
+        id="rfc3339-too-long-ignored",
+    ),
+    pytest.param(
+        {"RateLimit-Reset": "99999999999999999999", "RateLimit-Observed": "-1"},
+        legacy(reset=MAX_DELAY),
+        id="gitlab-huge-epoch-is-clamped-and-bad-observed-ignored",
+    ),
+    pytest.param(
+        {"X-RateLimit-Used": "nan", "X-RateLimit-Remaining": "5"},
+        x_ratelimit(remaining=5.0),
+        id="x-used-invalid-ignored",
+    ),
+    pytest.param(
+        [("x-ratelimit-remaining-requests", "5")] * 10_000,
+        expect(source="openai", budget="requests", remaining=5.0),
+        id="openai-10000-fields",
+    ),
+]
+
+
+@pytest.mark.parametrize(("headers", "expected"), HOSTILE_VENDOR_CASES)
+def test_hostile_vendor_values(headers: Any, expected: dict[str, object]) -> None:
+    info = parse(headers, now=NOW_ANTHROPIC, max_delay=MAX_DELAY)
+    assert fields_of(info, expected) == expected
+
+
 @pytest.mark.parametrize(("headers", "now", "expected"), VENDOR_CASES)
 def test_vendor_dialects(headers: dict[str, str], now: float, expected: dict[str, object]) -> None:
     info = parse(headers, now=now, max_delay=MAX_DELAY)

@@ -387,3 +387,13 @@ async def test_a_budget_around_sdk_calls_never_deadlocks(llm_server: LocalServer
                 tasks.start_soon(call, n)
     assert answers == ["Hello!"] * 50
     assert limiter.statistics().in_flight == 0
+
+
+def test_client_helper_passes_budgets_and_consumed() -> None:
+    from throttlekit.adapters.httpx import client
+
+    hook = token_usage("t")
+    made = client(throttlekit.Limiter(), budgets={"tokens": "t"}, consumed=hook)
+    transport = made._transport
+    assert isinstance(transport, ThrottledTransport)
+    assert (transport._budgets, transport._consumed) == ({"tokens": "t"}, hook)

@@ -282,12 +282,20 @@ class _Chunks:
             raise
 
 
-def client(limiter: Limiter | None = None, **kwargs: Any) -> httpx.AsyncClient:
+def client(
+    limiter: Limiter | None = None,
+    *,
+    budgets: Mapping[str, str] | None = None,
+    consumed: ConsumedHook | None = None,
+    **kwargs: Any,
+) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` whose requests go through a :class:`ThrottledTransport`.
 
     :param limiter: the limiter to use; ``None`` makes a new
         :class:`~throttlekit.Limiter` with its defaults (one request at a time
         per host, 1 s apart).
+    :param budgets: ``{budget: scope}``, see :class:`ThrottledTransport`.
+    :param consumed: the real cost from the response, see :class:`ThrottledTransport`.
     :param kwargs: passed to ``httpx.AsyncClient``, except ``verify``, ``cert``,
         ``http1``, ``http2``, ``limits`` and ``proxy``, which configure the inner
         ``httpx.AsyncHTTPTransport`` (``trust_env`` goes to both). ``transport``
@@ -311,6 +319,9 @@ def client(limiter: Limiter | None = None, **kwargs: Any) -> httpx.AsyncClient:
     if "trust_env" in options:
         kwargs["trust_env"] = options["trust_env"]
     transport = ThrottledTransport(
-        Limiter() if limiter is None else limiter, httpx.AsyncHTTPTransport(**options)
+        Limiter() if limiter is None else limiter,
+        httpx.AsyncHTTPTransport(**options),
+        budgets=budgets,
+        consumed=consumed,
     )
     return httpx.AsyncClient(transport=transport, **kwargs)
