@@ -760,9 +760,12 @@ def _targets(site: Site, client: Client, case: dict[str, Any]) -> Target | None:
         reach = case["reach_s"]
         checks = [
             (
-                f"{_pct(case['judged_share'])} of the allowed rate over {case['judged_over']} "
-                f"({_pct(case['share'])} over the run, {_pct(case['share_second_half'])} over "
-                "the second half)",
+                f"{_pct(case['judged_share'], 1)} of the allowed rate over {case['judged_over']} "
+                + (
+                    f"({_pct(case['share'])} over the run)"
+                    if case["judged_over"] == "the second half"
+                    else f"({_pct(case['share_second_half'])} over the second half)"
+                ),
                 (case["judged_share"] or 0.0) >= TARGET_POLICY_SHARE,
             ),
             (
@@ -789,7 +792,7 @@ def _targets(site: Site, client: Client, case: dict[str, Any]) -> Target | None:
         ratio = case["p95_ratio"]
         checks = [
             (
-                f"{_pct(case['share_second_half'])} of capacity in the second half "
+                f"{_pct(case['share_second_half'], 1)} of capacity in the second half "
                 f"({_pct(case['share'])} over the run)",
                 (case["share_second_half"] or 0.0) >= TARGET_LOAD_SHARE,
             ),
@@ -805,7 +808,7 @@ def _targets(site: Site, client: Client, case: dict[str, Any]) -> Target | None:
     elif site.kind == "errors":
         checks = [
             (
-                f"{_pct(case['share_second_half'])} of capacity served in the second half "
+                f"{_pct(case['share_second_half'], 1)} of capacity served in the second half "
                 f"({_pct(case['share'])} over the run; {_pct(case['refused_share'], 1)} 5xx)",
                 (case["share_second_half"] or 0.0) >= TARGET_ERRORS_SHARE,
             )
