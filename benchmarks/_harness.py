@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import throttlekit
+
 __all__ = [
     "OpLoop",
     "RunConfig",
@@ -36,9 +38,9 @@ __all__ = [
     "measure_loops",
 ]
 
-#: Distributions whose versions are recorded with every run.
+#: Distributions whose versions are recorded with every run (throttlekit's own
+#: comes from the package itself: its distribution is named throttlekit-http).
 PACKAGES = (
-    "throttlekit",
     "anyio",
     "attrs",
     "aiolimiter",
@@ -274,7 +276,10 @@ def machine_info() -> dict[str, Any]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "platform": platform.platform(terse=True),
         "event_loop": "asyncio (default loop)",
-        "packages": {dist: _version(dist) for dist in PACKAGES},
+        "packages": {
+            "throttlekit": throttlekit.__version__,
+            **{dist: _version(dist) for dist in PACKAGES},
+        },
         "commit": _git_commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
