@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._backoff import DEFAULT_BACKOFF_EXCEPTIONS, Backoff
-from ._checks import check_number, positive
+from ._checks import at_least_one, check_number, positive
 from ._controller import SlotState
 
 if TYPE_CHECKING:
@@ -45,11 +45,6 @@ def _above_zero_below_one(instance: object, attribute: attrs.Attribute[Any], val
     check_number(attribute.name, value, minimum=0.0, strict=True)
     if value >= 1.0:  # type: ignore[operator]
         raise ValueError(f"{attribute.name} must be in (0, 1), got {value!r}")
-
-
-def _max_concurrency(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -113,7 +108,7 @@ class Adaptive:
     max_hold: float = attrs.field(default=60.0, validator=positive)
     overload_share: float = attrs.field(default=0.25, validator=_above_zero_below_one)
     overload_cut: float = attrs.field(default=0.7, validator=_above_zero_below_one)
-    max_concurrency: int = attrs.field(default=256, validator=_max_concurrency)
+    max_concurrency: int = attrs.field(default=256, validator=at_least_one)
 
     def __attrs_post_init__(self) -> None:
         if self.hold > self.max_hold:

@@ -45,6 +45,12 @@ def optional_positive(instance: object, attribute: attrs.Attribute[Any], value: 
         check_number(attribute.name, value, minimum=0.0, strict=True)
 
 
+def at_least_one(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An int >= 1 (ValueError naming the field otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
 def concurrency_limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is None:
         return

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._checks import check_number, non_negative, positive
+from ._checks import at_least_one, check_number, non_negative, positive
 from ._controller import SlotState
 
 if TYPE_CHECKING:
@@ -84,13 +84,8 @@ class Rampup:
     target: tuple[int, int] = attrs.field(default=(1, 1), converter=_target)
     window: float = attrs.field(default=60.0, validator=positive)
     min_delay: float = attrs.field(default=0.0, validator=non_negative)
-    max_concurrency: int = attrs.field(default=256)
+    max_concurrency: int = attrs.field(default=256, validator=at_least_one)
     concurrency_factor: float = attrs.field(default=1.5)
-
-    @max_concurrency.validator
-    def _check_max_concurrency(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"max_concurrency must be an int >= 1, got {value!r}")
 
     @concurrency_factor.validator
     def _check_factor(self, attribute: attrs.Attribute[Any], value: object) -> None:
