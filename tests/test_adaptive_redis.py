@@ -76,7 +76,8 @@ async def test_three_processes_find_the_rate_together(
             assert await read_line(process, RUN + 30.0) == "done"
     finally:
         for process in processes:
-            process.terminate()
+            if process.returncode is None:  # terminating an exited process raises
+                process.terminate()
         for process in processes:
             await process.wait()
         await runner.cleanup()

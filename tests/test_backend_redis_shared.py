@@ -325,7 +325,8 @@ async def test_four_processes_share_one_scope(
         ]
     finally:
         for process in processes:
-            process.terminate()
+            if process.returncode is None:  # terminating an exited process raises
+                process.terminate()
         for process in processes:
             await process.wait()
         await runner.cleanup()
@@ -390,7 +391,8 @@ async def test_rampup_across_three_processes(
         state = rampup_state(await admin.hget(backend_keys(prefix, "shared")[1], "ctl"))
     finally:
         for process in processes:
-            process.kill()
+            if process.returncode is None:  # killing an exited process raises
+                process.kill()
         for process in processes:
             await process.wait()
     records = sorted((send, end) for output in outputs for send, end in output)
