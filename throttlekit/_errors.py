@@ -47,6 +47,7 @@ class ScopeStalled(ThrottlekitError):
     :ivar reason: why it cannot send, in words.
     :ivar reopens_at: when it could send again (limiter clock).
     :ivar wait: seconds from now until then.
+    :ivar max_stall: the scope's ``max_stall``, which ``wait`` exceeds.
     """
 
     def __init__(
@@ -60,3 +61,4 @@ class ScopeStalled(ThrottlekitError):
         self.reason = reason
         self.reopens_at = reopens_at
         self.wait = wait
+        self.max_stall = limit

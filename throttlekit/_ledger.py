@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._backoff import Backoff, BackoffState
+from ._errors import ScopeStalled
 from ._policy import ScopePolicy
 
 _DEFAULT_BACKOFF = Backoff()
@@ -312,6 +313,39 @@ class ScopeLedger:
             if quota_ready > ready:
                 ready = quota_ready
         return ready
+
+    def reopens_at(self, cost: float, now: float) -> float:
+        """When the scope could send a request of ``cost`` again as far as time goes.
+
+        Its delay, a server block and its quota count; concurrency (freed by
+        a release at any moment) and slot delays do not, unlike :meth:`ready_at`.
+        """
+        ready = self.next_send_at
+        if self.blocked_until > ready:
+            ready = self.blocked_until
+        if self.policy.quota is not None and cost > 0.0:
+            quota_ready = self._quota_ready(cost, now)
+            if quota_ready > ready:
+                ready = quota_ready
+        return ready
+
+    def stalled(self, cost: float, now: float) -> ScopeStalled | None:
+        """The :class:`ScopeStalled` error of a request of ``cost`` that would wait for
+        this scope to reopen longer than its policy's ``max_stall``, else ``None``."""
+        limit = self.policy.max_stall
+        if limit is None:
+            return None
+        ready = self.reopens_at(cost, now)
+        if ready - now <= limit:
+            return None
+        policy = self.policy
+        if self.blocked_until >= ready:
+            reason = "the server asked to wait (Retry-After or a rate-limit reset)"
+        elif policy.quota is not None and self.next_send_at < ready:
+            reason = f"its quota of {policy.quota:g} per {policy.window:g} s is used up"
+        else:
+            reason = f"its delay between sends is {self.delay:g} s"
+        return ScopeStalled(self.name, reason, ready, ready - now, limit)
 
     def expire(self, now: float) -> None:
         """Drop quota entries whose window has passed."""

@@ -19,7 +19,7 @@ from . import scopes as _scopes
 from ._checks import check_number
 from ._clock import now as _now
 from ._controller import Feedback
-from ._errors import ScopeStalled, WouldBlock
+from ._errors import WouldBlock
 from ._policy import ScopePolicy
 from ._stats import LimiterStatistics, ScopeStatistics
 from .backends.memory import MemoryBackend
@@ -757,18 +757,9 @@ class Limiter:
                 continue
             if now is None:
                 now = _now()
-            ready = ledger.ready_at(cost, now)
-            limit = ledger.policy.max_stall
-            if ready == INF or ready - now <= limit:
-                continue  # a full scope reopens with a release; a short wait is no stall
-            policy = ledger.policy
-            if ledger.blocked_until >= ready:
-                reason = "the server asked to wait (Retry-After or a rate-limit reset)"
-            elif policy.quota is not None and ledger.next_send_at < ready:
-                reason = f"its quota of {policy.quota:g} per {policy.window:g} s is used up"
-            else:
-                reason = f"its delay between sends is {ledger.delay:g} s"
-            raise ScopeStalled(name, reason, ready, ready - now, limit)
+            stalled = ledger.stalled(cost, now)
+            if stalled is not None:
+                raise stalled
 
     def _make_feedback(self, granted_at: float, **fields: Any) -> Feedback:
         fields["sent_at"] = granted_at

@@ -50,10 +50,11 @@ class ScopePolicy:
         most: when the server blocked the scope (``Retry-After``, a rate-limit
         reset) or its quota is used up until further ahead than this,
         :meth:`Limiter.acquire` raises :class:`ScopeStalled` (naming the
-        scope, the reason and when it reopens) instead of waiting. Checked
-        when a request asks for the scope, not for requests already waiting
-        (give those a ``timeout``). ``None`` (the default) waits as long as
-        needed.
+        scope, the reason and when it reopens) instead of waiting. Requests
+        already waiting for the scope raise it too, as soon as the feedback
+        or the grant that stalls the scope is known. A scope that is only
+        full (its concurrency taken) does not stall: a release reopens it.
+        ``None`` (the default) waits as long as needed.
     :param backoff: error-driven slowdown (429/5xx/timeouts, ``Retry-After``,
         ``RateLimit`` headers); on by default. ``None`` turns it off entirely.
     :param autothrottle: latency-driven delay (Scrapy's AutoThrottle); off by default.

@@ -167,6 +167,7 @@ class MemoryBackend:
                     f"no grant within {timeout} s for scopes {sorted(ticket.scopes)}"
                 ) from None
             raise
+        self._wake_stalled(ticket, _now())  # its grant may have spent a quota
         return ticket
 
     def record(
@@ -177,6 +178,7 @@ class MemoryBackend:
         self.core.feedback(lease, feedback, now, consumed)
         if self.core.pending:
             self._kick(now)
+        self._wake_stalled(lease, now)
 
     def release_nowait(self, lease: Ticket) -> bool:
         """Give the lease back (idempotent); always done at once here, without a clock
@@ -241,6 +243,37 @@ class MemoryBackend:
                 await event.wait()
                 if ticket.state == WAITING:
                     ticket.waker = anyio.Event()
+            if ticket.state == WAITING:
+                _raise_if_stalled(ticket, _now())
+
+    def _wake_stalled(self, ticket: Ticket, now: float) -> None:
+        """Wake the waiters of the scopes of ``ticket`` that now stall, to give up.
+
+        Feedback (a ``Retry-After``) or a grant (the last of a quota) may have
+        put a scope's reopening further ahead than its ``max_stall``: every
+        waiter that needs such a scope (wherever it is queued) wakes, and
+        raises :class:`~throttlekit.ScopeStalled` if it would stall too (see
+        :meth:`_wait`). Whether a scope stalls is judged here for a request
+        of ``ticket``'s cost, and again by each waiter for its own.
+        """
+        stalled = [
+            ledger
+            for ledger, cost in zip(ticket.ledgers, ticket.costs, strict=False)
+            if ledger.waiting
+            and ledger.policy.max_stall is not None
+            and ledger.stalled(cost, now) is not None
+        ]
+        if not stalled:
+            return
+        # Every waiting ticket is among the sleepers, or is the timekeeper.
+        waiters = [*self._sleepers, self._timekeeper]
+        for waiter in waiters:
+            if (
+                waiter is not None
+                and waiter.state == WAITING
+                and any(ledger in stalled for ledger in waiter.ledgers)
+            ):
+                waiter.waker.set()
 
     def _abandon(self, ticket: Ticket) -> None:
         """The waiter of ``ticket`` is gone (cancelled or timed out): hand everything back."""
@@ -278,3 +311,12 @@ class MemoryBackend:
                 self._armed = -INF
                 candidate.waker.set()
                 return
+
+
+def _raise_if_stalled(ticket: Ticket, now: float) -> None:
+    """Raise :class:`~throttlekit.ScopeStalled` if a scope of the waiting ``ticket`` stalls."""
+    for ledger, cost in zip(ticket.ledgers, ticket.costs, strict=False):
+        if ledger.policy.max_stall is not None:
+            stalled = ledger.stalled(cost, now)
+            if stalled is not None:
+                raise stalled
