@@ -11,6 +11,7 @@ flight per host.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -842,3 +843,111 @@ def test_requests_dropped_at_close_resume_with_jobdir(server: LocalServer, tmp_p
     crawl(server, tmp_path, settings, [])  # the resumed job: only what JOBDIR kept
     paths = sorted(hit.path for hit in server.hits("a.test"))
     assert paths == sorted(f"/{n}" for n in range(12)), paths  # every page once: none lost
+
+
+# -- a scope that stalls (max_stall) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["THROTTLING_MAX_STALL", "THROTTLING_SCOPES"])
+def test_requests_of_a_stalled_host_are_dropped(
+    server: LocalServer, tmp_path: Path, form: str
+) -> None:
+    """A host that answers 429 with Retry-After: 3600 is given up on at once:
+    its waiting requests and the retry of the 429 are dropped with a stat, the
+    other host is crawled as usual, and the crawl does not wait for the block."""
+    block = Reply(status=429, headers={"Retry-After": "3600"}, latency=0.05)
+    server.route("a.test", behaviour=Script(block, then=Reply(latency=0.05)))
+    stall = {"THROTTLING_MAX_STALL": 5}
+    if form == "THROTTLING_SCOPES":  # one scope only, as JSON text (as with -s)
+        stall = {"THROTTLING_SCOPES": json.dumps({scope(server, "a.test"): {"max_stall": 5}})}
+    settings = {
+        **EXACT,
+        **stall,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 0.1,
+    }
+    started = time.monotonic()
+    result = crawl(
+        server, tmp_path, settings, [f"{host}.test/{n}" for n in range(6) for host in "ab"]
+    )
+    elapsed = time.monotonic() - started
+    # Retry-After is capped at BACKOFF_MAX_DELAY (300 s): far beyond max_stall.
+    assert elapsed < 20, elapsed
+    hits = server.hits("a.test")
+    assert [hit.status for hit in hits] == [429], table(hits)
+    # b.test: every page, at its own pace.
+    assert result.statuses() == [200] * 6
+    assert_spaced(server.hits("b.test"), 0.1)
+    # a.test: the five requests that waited behind the 429, and its retry.
+    dropped = [o for o in result.outcomes if "exception" in o]
+    assert [o["exception"] for o in dropped] == ["scrapy.exceptions.IgnoreRequest"] * 6
+    assert all(f"a.test:{server.port}" in o["url"] for o in dropped)
+    assert result.stats["throttlekit/dropped_on_stall"] == 6
+    assert result.stats["throttlekit/stalled_scopes"] == 1
+    assert result.stats["retry/count"] == 1
+    assert result.stats.get("finish_reason") == "finished"
+    lines = [line for line in result.log.splitlines() if "stalled:" in line]
+    assert len(lines) == 1, lines
+    assert f"scope a.test:{server.port} stalled: the server asked to wait" in lines[0]
+    assert "cannot send for 300 s, longer than its max_stall of 5 s" in lines[0]
+
+
+@pytest.mark.skipif(not SCRAPY_2_14, reason="in-process crawlers need Scrapy >= 2.14")
+def test_a_stalled_scope_is_reported_once_per_stall(caplog: pytest.LogCaptureFixture) -> None:
+    """The middleware in virtual time: each stall of a scope is one INFO line and
+    one ``stalled_scopes``; every dropped request counts in ``dropped_on_stall``."""
+    from scrapy.exceptions import IgnoreRequest
+    from scrapy.http import Request, Response
+
+    from throttlekit import ScopeStalled
+    from throttlekit.testing import VirtualEventLoop
+
+    settings = {
+        "THROTTLING_MAX_STALL": 5,
+        "DOWNLOAD_DELAY": 0,
+        "DOWNLOAD_DELAY_PER_SLOT": 0,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+    }
+    blocked = {"Retry-After": "30"}
+
+    async def main() -> None:
+        middleware = ThrottlingMiddleware(crawler_with(settings))
+        stats = middleware.stats
+
+        async def send(url: str, status: int = 200, headers: Any = None) -> None:
+            request = Request(url)
+            await middleware.process_request(request)
+            response = Response(url, status=status, headers=headers, request=request)
+            await middleware.process_response(request, response)
+
+        async def dropped(url: str) -> ScopeStalled:
+            with pytest.raises(IgnoreRequest, match="a.test' stalled") as caught:
+                await middleware.process_request(Request(url))
+            assert isinstance(caught.value.__cause__, ScopeStalled)
+            return caught.value.__cause__
+
+        await send("http://a.test/1", 429, blocked)
+        first = await dropped("http://a.test/2")
+        assert first.wait == pytest.approx(30.0)
+        await dropped("http://a.test/3")
+        await send("http://b.test/1")  # another scope: not affected
+        assert stats.get_value("throttlekit/dropped_on_stall") == 2
+        assert stats.get_value("throttlekit/stalled_scopes") == 1
+        await asyncio.sleep(31.0)  # the scope reopens: requests go again
+        await send("http://a.test/4", 429, blocked)
+        await dropped("http://a.test/5")  # a new stall
+        assert stats.get_value("throttlekit/dropped_on_stall") == 3
+        assert stats.get_value("throttlekit/stalled_scopes") == 2
+        assert stats.get_value("throttlekit/request_count") == 3
+        assert middleware.limiter.statistics().in_flight == 0
+
+    with caplog.at_level(logging.DEBUG, logger="throttlekit.adapters.scrapy"):
+        loop = VirtualEventLoop()
+        try:
+            loop.run_until_complete(main())
+        finally:
+            loop.close()
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert [message.split(":")[1] for message in infos] == [" scope a.test stalled"] * 2
+    debugs = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert sum("Dropped <GET http://a.test/" in message for message in debugs) == 3

@@ -331,6 +331,7 @@ BAD_SETTINGS: dict[str, list[Any]] = {
         bool_ok=True,
     ),
     "THROTTLING_WINDOW": _bad(0, -1, "0"),
+    "THROTTLING_MAX_STALL": _bad(0, -1, "0", "x"),
     "THROTTLING_SCOPES": [
         *WRONG_TYPE[:2],
         b"1",

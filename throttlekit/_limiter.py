@@ -538,7 +538,8 @@ class Limiter:
         unlimited), ``CONCURRENT_REQUESTS_PER_DOMAIN`` (1), ``DOWNLOAD_DELAY``
         (1.0), ``DOWNLOAD_DELAY_PER_SLOT`` (1.0), ``RANDOMIZE_DOWNLOAD_DELAY``
         (True = jitter 0.5; a number or a ``[low, high]`` pair),
-        ``THROTTLING_WINDOW`` (60.0), ``THROTTLING_ROBOTSTXT_MAX_DELAY`` (60.0).
+        ``THROTTLING_WINDOW`` (60.0), ``THROTTLING_MAX_STALL`` (None),
+        ``THROTTLING_ROBOTSTXT_MAX_DELAY`` (60.0).
 
         Controllers: ``BACKOFF_HTTP_CODES``, ``BACKOFF_EXCEPTIONS``,
         ``BACKOFF_DELAY_FACTOR`` (2.0), ``BACKOFF_MIN_DELAY`` (1.0),
@@ -551,7 +552,7 @@ class Limiter:
 
         ``THROTTLING_SCOPES`` maps a scope to a dict overriding the defaults:
         ``concurrency``, ``delay``, ``slot_delay``, ``jitter``, ``quota``,
-        ``window``, ``ignore_robots_txt``, and ``backoff`` / ``rampup`` /
+        ``window``, ``max_stall``, ``ignore_robots_txt``, and ``backoff`` / ``rampup`` /
         ``autothrottle`` (``True``, ``False`` or a dict of their fields), and
         ``manager`` (the import path of a controller factory). Other keyword
         arguments go to the constructor. Invalid values raise

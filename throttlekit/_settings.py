@@ -37,6 +37,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "DOWNLOAD_DELAY_PER_SLOT": 1.0,
     "RANDOMIZE_DOWNLOAD_DELAY": True,
     "THROTTLING_WINDOW": 60.0,
+    "THROTTLING_MAX_STALL": None,
     "THROTTLING_SCOPES": {},
     "THROTTLING_ROBOTSTXT_MAX_DELAY": 60.0,
     "BACKOFF_HTTP_CODES": sorted(DEFAULT_BACKOFF_HTTP_CODES),
@@ -94,6 +95,7 @@ _POLICY_SETTINGS = {
     "slot_delay": "DOWNLOAD_DELAY_PER_SLOT",
     "jitter": "RANDOMIZE_DOWNLOAD_DELAY",
     "window": "THROTTLING_WINDOW",
+    "max_stall": "THROTTLING_MAX_STALL",
 }
 _CONTROLLER_KEYS = ("backoff", "rampup", "autothrottle", "adaptive", "manager", "controllers")
 _SECONDS = "a finite number of seconds"
@@ -259,6 +261,13 @@ def _jitter(value: Any, name: str) -> Any:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return read_float(value, name, _allowed("jitter"))
     return value
+
+
+def _max_stall(value: Any, name: str) -> float | None:
+    """A ``max_stall`` setting: seconds, or ``None`` (wait as long as needed)."""
+    if value is None:
+        return None
+    return read_float(value, name, f"{_allowed('max_stall')} or None (no limit)")
 
 
 def _rampup_target(value: Any, name: str) -> Any:
@@ -456,6 +465,7 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
             window=read_float(
                 _get(settings, "THROTTLING_WINDOW"), "THROTTLING_WINDOW", _allowed("window")
             ),
+            max_stall=_max_stall(_get(settings, "THROTTLING_MAX_STALL"), "THROTTLING_MAX_STALL"),
             backoff=backoff,
             autothrottle=autothrottle,
             adaptive=adaptive,
@@ -517,8 +527,7 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
                 if value is not None:  # None: no quota
                     value = read_float(value, name, f"{_allowed(field)} or None (no quota)")
             elif field == "max_stall":
-                if value is not None:  # None: wait as long as needed
-                    value = read_float(value, name, f"{_allowed(field)} or None (no limit)")
+                value = _max_stall(value, name)
             else:
                 value = read_float(value, name, _allowed(field))
             changes[field] = value

@@ -67,9 +67,20 @@ waited 1 ms or more), ``wait_time_total`` and ``wait_time_max`` (seconds),
 ``max_waiting`` (most requests waiting at once), ``backoff_signals``
 (responses or failures that a scope's backoff counts as a signal),
 ``response_status_count/<status>``, ``exception_count/<exception>``,
-``robotstxt_crawl_delay`` (scopes that got a Crawl-Delay) and
+``robotstxt_crawl_delay`` (scopes that got a Crawl-Delay),
 ``released_unfinished`` (permits given back for requests that left the
-downloader without passing through this middleware again).
+downloader without passing through this middleware again),
+``dropped_on_close`` and ``requeued_on_close`` (see :doc:`/scrapy`), and
+``dropped_on_stall`` and ``stalled_scopes`` (below).
+
+**Stalled scopes.** With ``THROTTLING_MAX_STALL`` (or ``"max_stall"`` in a
+``THROTTLING_SCOPES`` entry), a request whose scope cannot send for longer
+than that (a long ``Retry-After``, a spent quota) raises
+:class:`~throttlekit.ScopeStalled` instead of waiting, also once it waits;
+the middleware drops it with Scrapy's ``IgnoreRequest`` (whose
+``__cause__`` is the ``ScopeStalled``), counts it in
+``dropped_on_stall``, and logs one INFO line per stall of a scope (counted in
+``stalled_scopes``).
 """
 
 from __future__ import annotations
@@ -82,12 +93,13 @@ import os
 import sys
 import traceback
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
 import anyio
 
 from .. import scopes as _scopes
+from .._errors import ScopeStalled
 from .._limiter import Limiter
 from .._policy import ScopePolicy
 from .._settings import DEFAULT_SETTINGS, warn_misspelt_settings
@@ -342,6 +354,8 @@ class ThrottlingMiddleware:
         self._wait_total = 0.0
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._wait_scopes: set[anyio.CancelScope] = set()
+        # Scopes whose requests are dropped (ScopeStalled), with when they reopen.
+        self._stalled_scopes: dict[str, float] = {}
         self._close_handle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -394,7 +408,12 @@ class ThrottlingMiddleware:
     # -- downloader middleware methods ---------------------------------------------
 
     async def process_request(self, request: Request, spider: Spider | None = None) -> None:
-        """Wait until ``request`` may be sent, then hold its permit until it comes back."""
+        """Wait until ``request`` may be sent, then hold its permit until it comes back.
+
+        :raises IgnoreRequest: the request is dropped: its scope stalled (its
+            ``max_stall``, see :doc:`/scrapy`), or the engine closed the spider
+            while it waited.
+        """
         stale = self._held.pop(request, None)
         if stale is not None:
             # The same Request object is back without its previous download
@@ -414,11 +433,14 @@ class ThrottlingMiddleware:
         wait = anyio.CancelScope()
         self._wait_scopes.add(wait)
         self._arm_close_watch()
+        stalled = None
         try:
             with wait:
                 held = await HeldPermit.acquire(
                     self.limiter, request, priority=request.priority, scopes=scopes
                 )
+        except ScopeStalled as exc:
+            stalled = exc
         finally:
             self._wait_scopes.discard(wait)
             waited = anyio.current_time() - start
@@ -428,6 +450,8 @@ class ThrottlingMiddleware:
             self._waiting_count -= 1
             if downloader is not None and key is not None:
                 self._leave_slot(downloader, key, request)
+        if stalled is not None:
+            self._drop_stalled(request, stalled)
         if wait.cancelled_caught:
             stats.inc_value("throttlekit/dropped_on_close")
             self._requeue_for_resume(request)
@@ -497,7 +521,7 @@ class ThrottlingMiddleware:
         return downloader is None or key in downloader.slots
 
     def _downloader(self) -> Any:
-        engine = getattr(self.crawler, "engine", None)
+        engine = _late(self.crawler, "engine")
         return None if engine is None else engine.downloader
 
     def _wait_in_slot(self, downloader: Any, key: str, request: Request) -> None:
@@ -520,6 +544,39 @@ class ThrottlingMiddleware:
         if slot is not None:
             # The downloader adds it again when the request enters the slot.
             slot.active.discard(request)
+
+    def _drop_stalled(self, request: Request, stalled: ScopeStalled) -> NoReturn:
+        """Drop a request whose scope stalls (see ``max_stall``): count it, say so once
+        per stall of the scope, and raise :class:`IgnoreRequest` (the errback gets it)."""
+        stats = self.stats
+        stats.inc_value("throttlekit/dropped_on_stall")
+        scope = stalled.scope
+        now = anyio.current_time()
+        known = self._stalled_scopes
+        reopens_at = known.get(scope)
+        if reopens_at is None or reopens_at <= now:  # a new stall of this scope
+            for name in [name for name, at in known.items() if at <= now]:
+                del known[name]
+            stats.inc_value("throttlekit/stalled_scopes")
+            logger.info(
+                "throttlekit: scope %(scope)s stalled: %(reason)s; it cannot send for "
+                "%(wait).0f s, longer than its max_stall of %(max_stall)g s: its requests "
+                "are dropped until it reopens",
+                {
+                    "scope": scope,
+                    "wait": stalled.wait,
+                    "reason": stalled.reason,
+                    "max_stall": stalled.max_stall,
+                },
+                extra={"spider": _late(self.crawler, "spider")},
+            )
+        known[scope] = max(stalled.reopens_at, reopens_at or stalled.reopens_at)
+        logger.debug(
+            "Dropped %(request)s: its scope %(scope)s stalled",
+            {"request": request, "scope": scope},
+            extra={"spider": _late(self.crawler, "spider")},
+        )
+        raise IgnoreRequest(f"throttlekit: scope {scope!r} stalled; not sent") from stalled
 
     def _count_backoff_signal(self, held: HeldPermit, feedback: Feedback) -> None:
         limiter = self.limiter
@@ -561,7 +618,7 @@ class ThrottlingMiddleware:
         """
         if not self.crawler.settings.get("JOBDIR"):
             return
-        engine = getattr(self.crawler, "engine", None)
+        engine = _late(self.crawler, "engine")
         scheduler = getattr(getattr(engine, "_slot", None), "scheduler", None)
         if scheduler is None:
             return
@@ -574,7 +631,7 @@ class ThrottlingMiddleware:
             self.stats.inc_value("throttlekit/requeued_on_close")
 
     def _engine_closing(self) -> bool:
-        engine = getattr(self.crawler, "engine", None)
+        engine = _late(self.crawler, "engine")
         if engine is None:
             return False
         if not getattr(engine, "running", True):
@@ -714,6 +771,15 @@ class ThrottlingMiddleware:
         scopes = _scopes.as_scope_costs(result)
         host = _scopes.by_host(request)
         return [host] if host in scopes else list(scopes)
+
+
+def _late(crawler: Crawler, name: str) -> Any:
+    """The crawler's ``engine`` or ``spider``, or ``None`` before the crawl starts
+    (Scrapy >= 2.19 raises :class:`RuntimeError` then, older ones give ``None``)."""
+    try:
+        return getattr(crawler, name, None)
+    except RuntimeError:
+        return None
 
 
 def _middlewares_after(middleware: object, middlewares: Iterable[Any]) -> list[str]:
