@@ -921,7 +921,7 @@ def test_a_stalled_scope_is_reported_once_per_stall(caplog: pytest.LogCaptureFix
             await middleware.process_response(request, response)
 
         async def dropped(url: str) -> ScopeStalled:
-            with pytest.raises(IgnoreRequest, match="a.test' stalled") as caught:
+            with pytest.raises(IgnoreRequest, match=r"a\.test' stalled") as caught:
                 await middleware.process_request(Request(url))
             assert isinstance(caught.value.__cause__, ScopeStalled)
             return caught.value.__cause__

@@ -274,6 +274,60 @@ async def test_backoff_and_retry_after_are_shared(redis_server: RedisServer, pre
 
 
 @pytest.mark.anyio
+async def test_max_stall_gives_up_on_a_scope_blocked_through_redis(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """A 429 one process records stalls the scope for the other: its new
+    requests and those already waiting raise ScopeStalled, nothing stays held."""
+    one = make_backend(redis_server, prefix)
+    two = make_backend(redis_server, prefix)
+    policy = fast(concurrency=1, delay=0.0, max_stall=5.0)
+    first = throttlekit.Limiter(default=policy, backend=one)
+    second = throttlekit.Limiter(default=policy, backend=two)
+    caught: list[BaseException] = []
+
+    async def wait() -> None:
+        try:
+            async with second.acquire(scopes="site"):
+                pass
+        except throttlekit.ScopeStalled as error:
+            caught.append(error)
+
+    started = anyio.current_time()
+    async with anyio.create_task_group() as tasks, first.acquire(scopes="site") as permit:
+        tasks.start_soon(wait)  # waits for the slot the permit holds
+        await anyio.sleep(0.2)
+        permit.record(status=429, headers={"Retry-After": "3600"})
+    # Retry-After is capped at the backoff's max_delay (300 s).
+    assert anyio.current_time() - started < 3.0
+    error = caught[0]
+    assert error.scope == "site"
+    assert "server asked to wait" in error.reason
+    assert error.wait == pytest.approx(300.0, abs=2.0)
+    with pytest.raises(throttlekit.ScopeStalled, match="max_stall of 5 s"):
+        async with second.acquire(scopes="site"):
+            pass
+    # A short block is waited for, and a spent quota stalls too.
+    async with first.acquire(scopes="short") as permit:
+        permit.record(status=429, headers={"Retry-After": "0.3"})
+    async with second.acquire(scopes="short"):
+        pass
+    second.set_policy("daily", fast(concurrency=None, delay=0.0, quota=2, window=600, max_stall=5))
+    for _ in range(2):
+        async with second.acquire(scopes="daily"):
+            pass
+    with pytest.raises(throttlekit.ScopeStalled, match="quota of 2 per 600 s") as quota:
+        async with second.acquire(scopes="daily"):
+            pass
+    assert quota.value.wait == pytest.approx(600.0, abs=2.0)
+    assert two.statistics().waiting == 0
+    stats = await two.scope_statistics(second, "site")
+    assert stats.in_flight == 0
+    await one.aclose()
+    await two.aclose()
+
+
+@pytest.mark.anyio
 async def test_feedback_for_some_scopes_only(redis_server: RedisServer, prefix: str) -> None:
     backend = make_backend(redis_server, prefix)
     limiter = throttlekit.Limiter(default=fast(concurrency=4, delay=0.0), backend=backend)

@@ -21,12 +21,16 @@ if TYPE_CHECKING:
     from ._controller import Controller, Feedback
 
 __all__ = [
+    "STALL_BLOCKED",
+    "STALL_DELAY",
+    "STALL_QUOTA",
     "EffectiveLimits",
     "QuotaEntry",
     "ScopeLedger",
     "build_controllers",
     "combine",
     "describe",
+    "scope_stalled",
     "with_feedback_controllers",
 ]
 
@@ -119,6 +123,27 @@ def describe(policy: ScopePolicy, controllers: Sequence[Controller], delay: floa
     if best:
         return best
     return "policy" if delay else "policy (no delay)"
+
+
+#: Why a scope cannot send for a while: a server block, its quota, its delay.
+STALL_BLOCKED, STALL_QUOTA, STALL_DELAY = 1, 2, 3
+
+
+def scope_stalled(
+    name: str, policy: ScopePolicy, cause: int, delay: float, reopens_at: float, now: float
+) -> ScopeStalled | None:
+    """The :class:`ScopeStalled` error of scope ``name`` if it reopens (at
+    ``reopens_at``, because of ``cause``) later than its policy's ``max_stall``."""
+    limit = policy.max_stall
+    if limit is None or reopens_at - now <= limit:
+        return None
+    if cause == STALL_BLOCKED:
+        reason = "the server asked to wait (Retry-After or a rate-limit reset)"
+    elif cause == STALL_QUOTA:
+        reason = f"its quota of {policy.quota:g} per {policy.window:g} s is used up"
+    else:
+        reason = f"its delay between sends is {delay:g} s"
+    return ScopeStalled(name, reason, reopens_at, reopens_at - now, limit)
 
 
 class QuotaEntry:
@@ -338,14 +363,13 @@ class ScopeLedger:
         ready = self.reopens_at(cost, now)
         if ready - now <= limit:
             return None
-        policy = self.policy
         if self.blocked_until >= ready:
-            reason = "the server asked to wait (Retry-After or a rate-limit reset)"
-        elif policy.quota is not None and self.next_send_at < ready:
-            reason = f"its quota of {policy.quota:g} per {policy.window:g} s is used up"
+            cause = STALL_BLOCKED
+        elif self.policy.quota is not None and self.next_send_at < ready:
+            cause = STALL_QUOTA
         else:
-            reason = f"its delay between sends is {self.delay:g} s"
-        return ScopeStalled(self.name, reason, ready, ready - now, limit)
+            cause = STALL_DELAY
+        return scope_stalled(self.name, self.policy, cause, self.delay, ready, now)
 
     def expire(self, now: float) -> None:
         """Drop quota entries whose window has passed."""

@@ -52,7 +52,8 @@ class ScopePolicy:
         :meth:`Limiter.acquire` raises :class:`ScopeStalled` (naming the
         scope, the reason and when it reopens) instead of waiting. Requests
         already waiting for the scope raise it too, as soon as the feedback
-        or the grant that stalls the scope is known. A scope that is only
+        or the grant that stalls the scope is known (with the Redis backend:
+        when they next ask Redis). A scope that is only
         full (its concurrency taken) does not stall: a release reopens it.
         ``None`` (the default) waits as long as needed.
     :param backoff: error-driven slowdown (429/5xx/timeouts, ``Retry-After``,

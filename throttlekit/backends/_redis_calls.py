@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .._policy import ScopePolicy
     from .._scheduler import Ticket
 
-__all__ = ["RedisBackendStatistics", "ScriptCalls"]
+__all__ = ["Closed", "RedisBackendStatistics", "ScriptCalls"]
 
 logger = logging.getLogger("throttlekit.backends.redis")
 
@@ -44,6 +44,11 @@ SUFFIXES: Final = ("L", "S", "T", "Q", "C", "W")
 GRACE: Final = 0.4
 #: Tries of a version-checked write before the feedback is dropped (a busy scope).
 _WRITE_TRIES: Final = 8
+
+#: When a scope that waits for time reopens, from now (seconds; slot delays
+#: aside), why (a ``STALL_*`` cause of :func:`throttlekit._ledger.scope_stalled`)
+#: and its delay then (seconds).
+Closed = tuple[float, int, float]
 
 ACQUIRE = Script(scripts.ACQUIRE)
 SYNC = Script(scripts.SYNC)
@@ -180,11 +185,12 @@ class ScriptCalls:
         gate: Ticket,
         turn: Any,
         deadline: float,
-    ) -> RedisLease | tuple[int, float, bool, Any]:
+    ) -> RedisLease | tuple[int, float, bool, Any, Closed | None]:
         """One acquire round trip: a lease, or why not.
 
         Not granted: ``(index of the blocking scope, seconds to wait, whether its
-        concurrency is full, the turn Redis gave)``. The lease keeps ``gate``;
+        concurrency is full, the turn Redis gave, when and why that scope
+        reopens if it waits for time: a :data:`Closed`, else None)``. The lease keeps ``gate``;
         if the call fails, the caller gives ``gate`` back. ``extra`` counts,
         per scope, leases this process holds that Redis may not count.
         """
@@ -220,7 +226,10 @@ class ScriptCalls:
         if int(reply[0]) != 1:
             self._sample_clock(float(reply[4]), after)
             turn = reply[5] if len(reply) > 5 else 0.0
-            return int(reply[2]) - 1, wait, int(reply[3]) == 1, turn
+            closed = None
+            if len(reply) > 8:
+                closed = float(reply[6]) / 1000.0, int(reply[7]), float(reply[8])
+            return int(reply[2]) - 1, wait, int(reply[3]) == 1, turn, closed
         self.grants += 1
         send_at_ms = float(reply[2])
         self._sample_clock(send_at_ms - wait * 1000.0, after)

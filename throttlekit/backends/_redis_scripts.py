@@ -190,9 +190,12 @@ end
 #: (granted: send after ``wait_ms``; the states, seven values each, of the
 #: scopes whose controllers must run ``on_send`` now, see
 #: ``controller_state``) or ``{0, wait_ms, scope_index, reason, now_ms[,
-#: turn_ms]}`` with reason 1 = concurrency full (wait for a release or the
-#: earliest lease expiry), 2 = delay, slot delay, quota or server block (try
-#: again after ``wait_ms``), 3 = this lease id was handed back already.
+#: turn_ms, reopens_ms, cause, delay]}`` with reason 1 = concurrency full
+#: (wait for a release or the earliest lease expiry), 2 = delay, slot delay,
+#: quota or server block (try again after ``wait_ms``; the blocking scope
+#: reopens, slot delays aside, after ``reopens_ms`` because of cause 1 = a
+#: server block, 2 = its quota, 3 = its delay, which is ``delay`` seconds),
+#: 3 = this lease id was handed back already.
 ACQUIRE = (
     _COMMON
     + r"""
@@ -216,6 +219,7 @@ end
 
 local scopes = {}
 local ready, blocker = now, 1
+local reopens, cause, delay_text = now, 3, '0'
 local pacing = 0
 for i = 1, n do
   local k = (i - 1) * 6
@@ -238,7 +242,16 @@ for i = 1, n do
     redis.call('SET', KEYS[k + 6], '1', 'PX', math.ceil(recheck) + 1000)
     return {0, f(wait), i, 1, f(now)}
   end
+  -- When it reopens as far as time goes (ScopeLedger.reopens_at()), and why:
+  -- 1 a server block, 2 its quota, 3 its delay.
   local r = math.max(st.next or -INF, st.blk)
+  local why = 3
+  if st.blk >= r then why = 1 end
+  if p.quota >= 0 and s.cost > 0 then
+    local q = quota_ready(s.Q, s.C, s.cost, p.quota, p.window, now)
+    if q > r then r, why = q, 2 end
+  end
+  local reopen = r
   s.nslots = 0
   if p.slot > 0 and st.conc > 0 then
     s.nslots = redis.call('ZCARD', s.T)
@@ -247,12 +260,10 @@ for i = 1, n do
       r = math.max(r, tonumber(first[2]) + p.slot)
     end
   end
-  if p.quota >= 0 and s.cost > 0 then
-    r = math.max(r, quota_ready(s.Q, s.C, s.cost, p.quota, p.window, now))
-  end
   if r > ready then
     ready = r
     blocker = i
+    reopens, cause, delay_text = reopen, why, st.delay_text
   end
   if st.delay > pacing then pacing = st.delay end
   scopes[i] = s
@@ -279,7 +290,8 @@ if ready - now > reserve then
     redis.call('HSET', s.S, 'turn', f(turn))
     keep_state(s.S, st, now, ttl)
   end
-  return {0, f(math.max(0, turn - now - reserve)), blocker, 2, f(now), f(turn)}
+  return {0, f(math.max(0, turn - now - reserve)), blocker, 2, f(now), f(turn),
+          f(math.max(0, reopens - now)), cause, delay_text}
 end
 
 local t = math.max(now, ready)

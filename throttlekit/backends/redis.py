@@ -38,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .._checks import check_number
 from .._clock import now as _now
 from .._errors import Overloaded, ThrottleTimeout
+from .._ledger import scope_stalled
 from .._stats import ScopeStatistics
 from ._redis_calls import STATE, RedisBackendStatistics, ScriptCalls
 from ._redis_leases import Holdings, LocalLease, RedisLease
@@ -495,10 +496,18 @@ class RedisBackend:
         if isinstance(result, RedisLease):
             result.epoch = epoch
             holdings.sent(costs, result.send_at)
-        else:
-            holdings.remove(costs, shared=epoch == holdings.epoch)
-            local.release_nowait(gate)
-        return result
+            return result
+        holdings.remove(costs, shared=epoch == holdings.epoch)
+        local.release_nowait(gate)
+        index, wait, full, turn, closed = result
+        if closed is not None:
+            reopens_in, cause, delay = closed
+            now = _now()
+            scope = list(costs)[index]
+            stalled = scope_stalled(scope, policies[index], cause, delay, now + reopens_in, now)
+            if stalled is not None:
+                raise stalled
+        return index, wait, full, turn
 
     async def _acquire_locally(
         self,
