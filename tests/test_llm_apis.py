@@ -397,3 +397,54 @@ def test_client_helper_passes_budgets_and_consumed() -> None:
     transport = made._transport
     assert isinstance(transport, ThrottledTransport)
     assert (transport._budgets, transport._consumed) == ({"tokens": "t"}, hook)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.anyio
+async def test_sdk_calls_give_up_on_a_long_block_with_max_stall(llm_server: LocalServer) -> None:
+    # The llm-apis page's promise: with max_stall, a 429 asking for an hour
+    # makes the calls waiting behind it, and later ones, raise ScopeStalled
+    # through the SDK at once, instead of waiting (or retrying) for that long.
+    import openai
+
+    recipe = load_recipe()
+    error = {"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}}
+    block = Reply(
+        status=429,
+        body=json.dumps(error).encode(),
+        headers={"retry-after-ms": "3600000", "content-type": "application/json"},
+    )
+    llm_server.route(
+        API, behaviour=Script(block, then=LLMAPI(requests=1000, tokens=1_000_000, window=1.0))
+    )
+    limiter = throttlekit.Limiter(
+        default=throttlekit.ScopePolicy(concurrency=1, delay=0, max_stall=30)
+    )
+    client = recipe.build_client(
+        limiter,
+        api_key="sk-test",
+        base_url=f"http://{API}/v1",
+        transport=httpx.AsyncHTTPTransport(proxy=llm_server.proxy_url),
+    )
+    outcomes: list[str] = []
+
+    async def call(n: int) -> None:
+        try:
+            await recipe.ask(client, f"hello {n}")
+        except throttlekit.ScopeStalled as stalled:
+            outcomes.append("stalled" if stalled.wait > 30 else f"stalled {stalled.wait} s")
+        except openai.RateLimitError:
+            outcomes.append("429")
+        else:
+            outcomes.append("answered")
+
+    started = time.monotonic()
+    with anyio.fail_after(30):
+        async with client, anyio.create_task_group() as tasks:
+            for n in range(10):
+                tasks.start_soon(call, n)
+    assert time.monotonic() - started < 10
+    assert sorted(outcomes) == ["429"] + ["stalled"] * 9
+    assert [hit.status for hit in llm_server.hits(API)] == [429]
+    assert limiter.statistics().in_flight == 0
+    assert limiter.statistics().waiting == 0
