@@ -31,7 +31,6 @@ __all__ = ["Limiter", "Permit"]
 
 logger = logging.getLogger("throttlekit")
 
-INF = math.inf
 _by_host = _scopes.by_host
 #: Most URL strings whose scope (host) a limiter remembers: more than the
 #: default ``max_scopes``, so a round-robin over that many hosts stays cached.

@@ -53,9 +53,11 @@ class ScopePolicy:
         scope, the reason and when it reopens) instead of waiting. Requests
         already waiting for the scope raise it too, as soon as the feedback
         or the grant that stalls the scope is known (with the Redis backend:
-        when they next ask Redis). A scope that is only
-        full (its concurrency taken) does not stall: a release reopens it.
-        ``None`` (the default) waits as long as needed.
+        when they next ask Redis). A delay between sends longer than
+        ``max_stall`` stalls the scope after each send, so keep it above the
+        delays the scope may be given (robots.txt ``Crawl-delay``). A scope
+        that is only full (its concurrency taken) does not stall: a release
+        reopens it. ``None`` (the default) waits as long as needed.
     :param backoff: error-driven slowdown (429/5xx/timeouts, ``Retry-After``,
         ``RateLimit`` headers); on by default. ``None`` turns it off entirely.
     :param autothrottle: latency-driven delay (Scrapy's AutoThrottle); off by default.

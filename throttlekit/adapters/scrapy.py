@@ -570,7 +570,8 @@ class ThrottlingMiddleware:
                 },
                 extra={"spider": _late(self.crawler, "spider")},
             )
-        known[scope] = max(stalled.reopens_at, reopens_at or stalled.reopens_at)
+        if reopens_at is None or stalled.reopens_at > reopens_at:
+            known[scope] = stalled.reopens_at
         logger.debug(
             "Dropped %(request)s: its scope %(scope)s stalled",
             {"request": request, "scope": scope},
