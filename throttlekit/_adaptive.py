@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from typing import TYPE_CHECKING, Any
@@ -24,19 +25,19 @@ INF = math.inf
 
 #: Statuses that mean "overloaded" when they carry no ``Retry-After``.
 _OVERLOAD_CODES = frozenset({500, 502, 503, 504, 520, 521, 522, 523, 524})
-#: Width of the send-time buckets that count sends and acceptances (seconds).
-_BUCKET = 0.05
-#: Buckets kept: the horizon of the measured rates.
-_BUCKETS = 40
 #: The horizon (seconds) over which a throttle's edge is measured.
 _EDGE_HORIZON = 1.0
+#: Answered sends remembered (``[sent_at, accepted]``): the last two horizons, at most this many.
+_SENDS = 512
 #: Outcomes remembered for the overload share.
 _OUTCOMES = 40
 #: Vegas thresholds: grow below this many requests queued at the server, shrink above the other.
 _QUEUE_LOW = 1.5
 _QUEUE_HIGH = 4.0
+#: The widest the margin below the edge grows when refusals come while holding.
+_MAX_MARGIN = 0.1
 #: The fewest latencies of one round (enough for a stable mean of varied service times).
-_ROUND = 10
+_ROUND = 30
 #: The windowed minimum RTT keeps two epochs of this length.
 _RTT_EPOCH = 30.0
 
@@ -128,7 +129,7 @@ class AdaptiveState(SlotState):
 
     __slots__ = (
         "blocked_until",
-        "buckets",
+        "closed_at",
         "concurrency",
         "config",
         "cut_at",
@@ -136,6 +137,7 @@ class AdaptiveState(SlotState):
         "empty",
         "hold_for",
         "limit_growing",
+        "margin",
         "ok_since_cut",
         "outcomes",
         "phase",
@@ -148,6 +150,9 @@ class AdaptiveState(SlotState):
         "rtt_epoch",
         "rtt_min",
         "rtt_prev",
+        "run_at",
+        "run_ok",
+        "sends",
         "target",
         "waited_until",
     )
@@ -164,15 +169,19 @@ class AdaptiveState(SlotState):
         self.phase_at: float | None = None
         self.edge: float | None = None  # the last measured accepted rate at a throttle
         self.target = INF  # the rate held below the edge
+        self.margin = config.headroom  # how far below the edge the target is
         self.hold_for = config.hold
         self.cut_at = -INF  # requests sent before this are part of the last cut
         self.ok_since_cut = 0
         self.empty = 0  # throttles in a row with nothing accepted in between
+        self.run_at: float | None = None  # when sending last began or reopened after a closure
+        self.run_ok = 0  # requests sent since then and accepted
+        self.closed_at = -INF  # when the server last closed (refusing through pauses)
         self.resumed_at = -INF  # when sending resumed after the last cut
         self.waited_until = -INF  # the end of the last wait the server asked for
         self.blocked_until = -INF
-        # [bucket index, sends, accepted] by send time, oldest first.
-        self.buckets: list[list[int]] = []
+        # [sent_at, accepted (1 or 0)] of answered sends, oldest first.
+        self.sends: list[list[float]] = []
         self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last _OUTCOMES
         ceiling = policy.concurrency
         self.concurrency: int | None = min(2, ceiling) if ceiling is not None else 2
@@ -205,13 +214,19 @@ class AdaptiveState(SlotState):
         sent_at = feedback.sent_at if feedback.sent_at is not None else now
         if self.phase_at is None:
             self.phase_at = sent_at
+        if self.run_at is None:
+            self.run_at = sent_at
         info = feedback.rate_limit
         if info is not None and info.limit is not None and info.window is not None:
             self._stated_quota(scope, info.limit / info.window, now)
         kind = self._classify(feedback)
         self._count(sent_at, accepted=kind == "ok")
+        if kind == "ok" and sent_at >= self.run_at:
+            self.run_ok += 1
         if kind == "ok" and sent_at > self.cut_at:
             self.ok_since_cut += 1
+            if self.empty >= 2:
+                self._reopened(scope, sent_at, now)
         self._remember(1 if kind == "overload" else 0)
         if kind == "throttle":
             quota_headers = info is not None and info.remaining is not None
@@ -253,36 +268,37 @@ class AdaptiveState(SlotState):
     # -- measured rates ------------------------------------------------------------
 
     def _count(self, sent_at: float, *, accepted: bool) -> None:
-        index = math.floor(sent_at / _BUCKET)
-        buckets = self.buckets
-        for bucket in reversed(buckets):
-            if bucket[0] == index:
-                bucket[1] += 1
-                bucket[2] += accepted
-                return
-            if bucket[0] < index:
-                break
-        if buckets and index < buckets[0][0]:
-            return  # older than the horizon
-        buckets.append([index, 1, int(accepted)])
-        buckets.sort()
-        newest = buckets[-1][0]
-        while buckets[0][0] <= newest - _BUCKETS:
-            buckets.pop(0)
+        sends = self.sends
+        entry = [sent_at, 1.0 if accepted else 0.0]
+        if not sends or sent_at >= sends[-1][0]:
+            sends.append(entry)
+        else:  # answers arrive out of send order
+            bisect.insort(sends, entry)
+        horizon = sends[-1][0] - 2 * _EDGE_HORIZON
+        drop = 0
+        while drop < len(sends) and sends[drop][0] < horizon:
+            drop += 1
+        drop = max(drop, len(sends) - _SENDS)
+        if drop:
+            del sends[:drop]
 
-    def _measured(self, start: float, end: float, column: int, extra: int = 0) -> float:
-        """Sends (column 1) or acceptances (column 2) per second, sent from ``start`` to ``end``.
+    def _measured(self, start: float, end: float, *, accepted: bool, extra: int = 0) -> float:
+        """Sends (or acceptances) per second, sent after ``start`` up to ``end``.
 
-        Whole buckets from the first that starts after ``start`` up to the one
-        holding ``end``, over the time from that bucket's start to ``end``;
-        ``extra`` adds requests not counted yet (in flight).
+        ``extra`` adds requests not answered yet (in flight). The count is
+        exact, so a refusal on a sliding one-second window reads as the
+        server's limit; if the log was cut short (over ``_SENDS`` in two
+        horizons) the rate is taken over the span it covers.
         """
-        first = math.floor(start / _BUCKET) + 1
-        last = math.floor(end / _BUCKET)
-        span = end - first * _BUCKET
+        sends = self.sends
+        first = bisect.bisect_right(sends, [start, INF])
+        last = bisect.bisect_right(sends, [end, INF])
+        if first == 0 and len(sends) == _SENDS and sends[0][0] > start:
+            start = sends[0][0]
+        span = end - start
         if span <= 0:
             return 0.0
-        total = sum(bucket[column] for bucket in self.buckets if first <= bucket[0] <= last)
+        total = sum(entry[1] for entry in sends[first:last]) if accepted else last - first
         return (total + extra) / span
 
     def _remember(self, overload: int) -> None:
@@ -301,46 +317,46 @@ class AdaptiveState(SlotState):
         config = self.config
         horizon = _EDGE_HORIZON
         # What the server accepted in the second before the refused send:
-        # those that answered, and (about) those still in flight.
+        # those that answered, and (about) those still in flight. On a
+        # sliding one-second window that count is the server's limit; on a
+        # longer window it is more, and the refusals that follow say so.
         flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
-        sent = self._measured(sent_at - horizon, sent_at, 1, flying)
-        edge = self._measured(sent_at - horizon, sent_at, 2, flying)
+        sent = self._measured(sent_at - horizon, sent_at, accepted=False, extra=flying)
+        edge = self._measured(sent_at - horizon, sent_at, accepted=True, extra=flying)
         pause = 0.0
         old = self.edge
-        if self.cut_at > -INF and self.ok_since_cut == 0:
+        closed = self.cut_at > -INF and self.ok_since_cut == 0
+        if sent_at - self.cut_at < horizon:
+            # An echo: the server's window still holds sends from before the
+            # cut, so it measures nothing. If nothing got through since, let
+            # the window turn over before sending again.
+            if closed:
+                self.blocked_until = max(self.blocked_until, self.cut_at + horizon)
+            return
+        if closed:
             # Nothing accepted since the last cut: the server is closed for
             # now. Wait, longer each time, rather than knock again and again.
+            if not self.empty:
+                self.closed_at = self.cut_at
             self.empty += 1
             pause = min(config.max_hold, 0.5 * 2.0**self.empty)
             edge = min(edge, (old or edge) * config.overload_cut)
         else:
             self.empty = 0
-            if self.phase == "probe":
-                # Probing from a target that held: the edge is at least that
-                # target; two seconds near the edge measure it more finely.
-                edge = max(self._measured(sent_at - 2 * horizon, sent_at, 2, flying), self.target)
-            elif self.phase in ("recover", "hold"):
-                if sent_at - max(self.cut_at, self.resumed_at) < horizon:
-                    return  # an echo of what the server's window still holds
-                # Refused at or below the target: the limit is lower than we
-                # thought (it dropped, or its window is longer than a second).
-                # Measure over up to two seconds of sending (not of waiting).
-                start = max(sent_at - 2 * horizon, self.resumed_at, self.waited_until)
-                longer = self._measured(start, sent_at, 2, flying)
-                if sent_at - start < horizon / 2 or old is None or longer >= 0.9 * old:
-                    # Too little sending since the last wait to measure, or
-                    # about the same edge: a little below it.
-                    edge = 0.98 * (old or longer)
-                else:
-                    edge = longer
         if edge <= 0:
             edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
         confirmed = old is not None and abs(edge - old) <= 0.07 * old
+        if confirmed and self.phase in ("recover", "hold"):
+            # Refused while holding below an edge that has not moved: the
+            # sends reach the server less evenly than they leave (a busy
+            # client or network). Hold further below; it narrows again per
+            # hold that passes without a refusal.
+            self.margin = min(_MAX_MARGIN, 2.0 * self.margin)
         hold = min(config.max_hold, self.hold_for * 2) if confirmed else config.hold
         # Long enough that a probe's cost (one server-imposed wait) stays near 2 %.
         self.hold_for = min(config.max_hold, max(hold, 50.0 * wait))
         self.edge = edge
-        self.target = edge * (1.0 - config.headroom)
+        self.target = edge * (1.0 - self.margin)
         # Pause until the server's window has let go of what went out above the edge.
         excess = (sent - edge) * horizon
         if excess > 0:
@@ -348,7 +364,8 @@ class AdaptiveState(SlotState):
         if pause:
             self.blocked_until = max(self.blocked_until, now + pause)
         self.resumed_at = max(now + pause, now + wait)
-        self.rate = min(self.target, edge * 0.9)
+        # A confirmed edge is known: resume at the target; a new one from below it.
+        self.rate = self.target if confirmed else min(self.target, edge * 0.9)
         self.phase = "recover"
         self.phase_at = max(now, self.blocked_until)
         self.cut_at = now
@@ -364,6 +381,34 @@ class AdaptiveState(SlotState):
             "confirmed" if confirmed else "new",
             self.rate,
             self.hold_for,
+        )
+
+    def _reopened(self, scope: ScopeView, sent_at: float, now: float) -> None:
+        """The server accepts again after refusing through two or more pauses.
+
+        Its window is longer than the horizon: what it accepted from the
+        start of the run to now is what one window allows, so the run's
+        average rate is the edge, held for about a window before probing.
+        """
+        assert self.run_at is not None
+        window = sent_at - self.run_at
+        self.empty = 0
+        if sent_at - self.closed_at < self.closed_at - self.run_at:
+            # Closed for less time than it had been open: a limit that moved,
+            # not a long window; the refusals have measured it already.
+            return
+        edge = max(self.run_ok - 1, 1) / window  # not counting this acceptance
+        self.edge = edge
+        self.target = edge * (1.0 - self.margin)
+        self.rate = min(self.target, edge * 0.9)
+        self.hold_for = min(self.config.max_hold, max(self.config.hold, window))
+        self.phase, self.phase_at = "recover", now
+        self.run_at, self.run_ok = sent_at, 1
+        self.reason = (
+            f"adaptive: closed for a long window, edge {edge:.3g}/s, holding {self.hold_for:g} s"
+        )
+        logger.debug(
+            "scope %s: reopened after %.1f s: %.3f/s over the window", scope.name, window, edge
         )
 
     def _stated_quota(self, scope: ScopeView, rate: float, now: float) -> None:
@@ -382,7 +427,7 @@ class AdaptiveState(SlotState):
 
     def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
         config = self.config
-        sent = self._measured(now - 2.0, now, 1)
+        sent = self._measured(now - 2.0, now, accepted=False)
         old_rate, old_limit = self.rate, self.concurrency
         base = min(self.rate, sent) if sent > 0 else self.rate
         self.rate = max(0.05, base * config.overload_cut)
@@ -413,7 +458,7 @@ class AdaptiveState(SlotState):
         """Move the rate along its phase: slow start, recovery, hold, probe."""
         phase_at = self.phase_at if self.phase_at is not None else now
         elapsed = now - phase_at
-        sent = self._measured(now - 1.0, now, 1)
+        sent = self._measured(now - 1.0, now, accepted=False)
         ceiling = max(2.0 * sent, self.config.start_rate)  # no burst earned while idle
         if self.phase == "stated":
             return
@@ -437,9 +482,19 @@ class AdaptiveState(SlotState):
         if self.phase == "hold":
             if elapsed >= self.hold_for:
                 self.phase, self.phase_at = "probe", now
+                self.margin = max(self.config.headroom, self.margin / 2.0)
                 self.reason = f"adaptive: probing above {target:.3g}/s"
             return
         # probe: slow near the known edge, faster away from it (a convex climb)
+        edge = self.edge
+        accepted = self._measured(now - 2.0, now, accepted=True)
+        if edge is not None and accepted > 1.1 * edge and accepted >= 2.5:
+            # The server accepts well past the old edge (by five requests
+            # or more): the limit rose. Search upward as at the start.
+            self.phase, self.phase_at = "start", now
+            self.reason = f"adaptive: the limit rose past {edge:.3g}/s, up to {self.rate:.3g}/s"
+            logger.debug("scope %s: accepted past the edge %.3f/s: searching up", scope.name, edge)
+            return
         probe = target * (1.0 + 0.002 * elapsed + 0.004 * elapsed * elapsed)
         self.rate = min(probe, max(ceiling, target))
 
