@@ -34,6 +34,9 @@ _OUTCOMES = 40
 #: Vegas thresholds: grow below this many requests queued at the server, shrink above the other.
 _QUEUE_LOW = 1.5
 _QUEUE_HIGH = 4.0
+#: The share of the time a failed probe may cost (the server's wait after it):
+#: with the 2 % headroom and some unevenness, 95 % of the edge or more.
+_PROBE_COST = 0.015
 #: The widest the margin below the edge grows when refusals come while holding.
 _MAX_MARGIN = 0.1
 #: The fewest latencies of one round (enough for a stable mean of varied service times).
@@ -59,18 +62,24 @@ class Adaptive:
     * **Rate** (policy limits: 429s, ``Retry-After``). It starts slowly
       (``start_rate`` per second, doubling every half second while the scope
       uses it) instead of bursting into an unknown quota. On a throttle (a
-      429, or any response with ``Retry-After``) it measures the *edge*: the
-      rate the server accepted in the second before the refused send. It
-      pauses until the server's window has drained what was sent above the
-      edge, resumes just below it, holds ``headroom`` below the edge for a
-      while (a drop shows as a refusal while holding: the edge is measured
-      again at once) (longer each time the same edge is confirmed, and long enough
-      that a probe's cost stays small), then probes upward, slowly at first,
-      in case the limit rose. Throttles from requests sent before the last
-      cut count as that cut. The rate never exceeds twice the measured send
-      rate, so an idle scope does not earn a burst.
+      429, or any response with ``Retry-After``) it measures the *edge*: how
+      many requests the server accepted in the second before the refused
+      one. It pauses until the server's window has drained what was sent
+      above the edge, resumes just below it and holds ``headroom`` below it
+      for a while (longer each time the same edge is confirmed, and long
+      enough that a probe's cost stays small), then probes upward, slowly at
+      first; once the server accepts well past the old edge the limit rose
+      and it searches upward as at the start. A refusal while holding means
+      the limit dropped (the edge is measured again at once), or, if the
+      edge has not moved, that sends reach the server unevenly (the margin
+      below the edge doubles, up to 10 %). Refusals of requests sent within
+      a second of the last cut are echoes of it. A server that stays closed
+      through pauses longer than it was open has a long window: the rate
+      becomes what got through over the time it took to reopen. The rate
+      never exceeds twice the measured send rate, so an idle scope does not
+      earn a burst.
     * **Concurrency** (capacity: latency grows with load). It compares the
-      mean latency of each round of responses (at least 10) with the lowest
+      mean latency of each round of responses (at least 30) with the lowest
       recent round mean and estimates the requests queued at the server
       (``limit * (1 - lowest / mean)``): it grows the limit while the queue
       is under 1.5 requests and shrinks it above 4, never growing while the
@@ -345,7 +354,15 @@ class AdaptiveState(SlotState):
             self.empty = 0
         if edge <= 0:
             edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
-        confirmed = old is not None and abs(edge - old) <= 0.07 * old
+        # The count varies by a request with how sends cross the second's
+        # boundary on their way: within that (and 7 %) it confirms the edge,
+        # and the edge stays what the server has let through.
+        confirmed = old is not None and abs(edge - old) <= max(
+            0.07 * old, min(1.0 / horizon, 0.15 * old)
+        )
+        if confirmed:
+            assert old is not None
+            edge = max(edge, old)
         if confirmed and self.phase in ("recover", "hold"):
             # Refused while holding below an edge that has not moved: the
             # sends reach the server less evenly than they leave (a busy
@@ -353,8 +370,8 @@ class AdaptiveState(SlotState):
             # hold that passes without a refusal.
             self.margin = min(_MAX_MARGIN, 2.0 * self.margin)
         hold = min(config.max_hold, self.hold_for * 2) if confirmed else config.hold
-        # Long enough that a probe's cost (one server-imposed wait) stays near 2 %.
-        self.hold_for = min(config.max_hold, max(hold, 50.0 * wait))
+        # Long enough that a probe's cost (one server-imposed wait) stays small.
+        self.hold_for = min(config.max_hold, max(hold, wait / _PROBE_COST))
         self.edge = edge
         self.target = edge * (1.0 - self.margin)
         # Pause until the server's window has let go of what went out above the edge.
@@ -386,9 +403,10 @@ class AdaptiveState(SlotState):
     def _reopened(self, scope: ScopeView, sent_at: float, now: float) -> None:
         """The server accepts again after refusing through two or more pauses.
 
-        Its window is longer than the horizon: what it accepted from the
-        start of the run to now is what one window allows, so the run's
-        average rate is the edge, held for about a window before probing.
+        If it stayed closed longer than it had been open, its window is
+        longer than the horizon: what it accepted from the start of the run
+        to now is what one window allows, so the run's average rate is the
+        edge, held for about a window before probing.
         """
         assert self.run_at is not None
         window = sent_at - self.run_at
