@@ -27,8 +27,9 @@ INF = math.inf
 _OVERLOAD_CODES = frozenset({500, 502, 503, 504, 520, 521, 522, 523, 524})
 #: The horizon (seconds) over which a throttle's edge is measured.
 _EDGE_HORIZON = 1.0
-#: Answered sends remembered (``[sent_at, accepted]``): the last two horizons, at most this many.
-_SENDS = 512
+#: Answered sends remembered (``[sent_at, accepted]``): the last two horizons, at most
+#: this many (above 128/s a request is under 1 % of the count; the state stays small).
+_SENDS = 256
 #: Outcomes remembered for the overload share.
 _OUTCOMES = 40
 #: Vegas thresholds: grow below this many requests queued at the server, shrink above the other.
@@ -153,7 +154,6 @@ class AdaptiveState(SlotState):
         "phase_at",
         "rate",
         "reason",
-        "resumed_at",
         "round",
         "round_busy",
         "rtt_epoch",
@@ -163,7 +163,6 @@ class AdaptiveState(SlotState):
         "run_ok",
         "sends",
         "target",
-        "waited_until",
     )
 
     STATE = tuple(name for name in __slots__ if name != "config")
@@ -186,11 +185,9 @@ class AdaptiveState(SlotState):
         self.run_at: float | None = None  # when sending last began or reopened after a closure
         self.run_ok = 0  # requests sent since then and accepted
         self.closed_at = -INF  # when the server last closed (refusing through pauses)
-        self.resumed_at = -INF  # when sending resumed after the last cut
-        self.waited_until = -INF  # the end of the last wait the server asked for
         self.blocked_until = -INF
         # [sent_at, accepted (1 or 0)] of answered sends, oldest first.
-        self.sends: list[list[float]] = []
+        self.sends: list[list[float]] = []  # [sent_at, 1 or 0]
         self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last _OUTCOMES
         ceiling = policy.concurrency
         self.concurrency: int | None = min(2, ceiling) if ceiling is not None else 2
@@ -242,7 +239,6 @@ class AdaptiveState(SlotState):
             wait = (info.retry_after if info is not None else None) or 0.0
             if sent_at > self.cut_at and not quota_headers:
                 self._on_throttle(scope, sent_at, now, wait)
-            self.waited_until = max(self.waited_until, now + wait)
         elif kind == "overload":
             if self._overloaded():
                 self._cut_for_overload(scope, now)
@@ -278,7 +274,7 @@ class AdaptiveState(SlotState):
 
     def _count(self, sent_at: float, *, accepted: bool) -> None:
         sends = self.sends
-        entry = [sent_at, 1.0 if accepted else 0.0]
+        entry = [round(sent_at, 4), 1 if accepted else 0]
         if not sends or sent_at >= sends[-1][0]:
             sends.append(entry)
         else:  # answers arrive out of send order
@@ -380,7 +376,6 @@ class AdaptiveState(SlotState):
             pause = max(pause, min(horizon, excess / edge))
         if pause:
             self.blocked_until = max(self.blocked_until, now + pause)
-        self.resumed_at = max(now + pause, now + wait)
         # A confirmed edge is known: resume at the target; a new one from below it.
         self.rate = self.target if confirmed else min(self.target, edge * 0.9)
         self.phase = "recover"
