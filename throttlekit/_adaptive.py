@@ -274,7 +274,7 @@ class AdaptiveState(SlotState):
 
     def _count(self, sent_at: float, *, accepted: bool) -> None:
         sends = self.sends
-        entry = [round(sent_at, 4), 1 if accepted else 0]
+        entry = [sent_at, 1 if accepted else 0]
         if not sends or sent_at >= sends[-1][0]:
             sends.append(entry)
         else:  # answers arrive out of send order
