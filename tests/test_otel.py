@@ -429,17 +429,19 @@ async def test_acquire_nowait_and_sync_release_are_counted(metrics: Metrics) -> 
 
 async def test_close_restores_the_plain_permit(metrics: Metrics) -> None:
     limiter = Limiter(default=policy(concurrency=2, delay=0.0))
-    assert type(limiter.acquire("https://a.test/")) is Permit  # not instrumented: plain permits
+    plain = type(limiter.acquire("https://a.test/"))  # not instrumented: the backend's permits
+    assert issubclass(plain, Permit)
+    assert not hasattr(plain, "_metrics")
     found = metrics.instrument(limiter)
     assert "grants=0" in repr(found)
     with pytest.raises(RuntimeError, match="already instrumented"):
         metrics.instrument(limiter)
     async with limiter.acquire("https://a.test/") as permit:
         assert isinstance(permit, Permit)
-        assert type(permit) is not Permit
+        assert type(permit) is not plain
     found.close()
     found.close()
-    assert type(limiter.acquire("https://a.test/")) is Permit
+    assert type(limiter.acquire("https://a.test/")) is plain
     async with limiter.acquire("https://a.test/"):
         pass
     assert "closed" in repr(found)
@@ -517,7 +519,7 @@ def test_bad_arguments_raise_naming_them(metrics: Metrics) -> None:
         metrics.instrument(limiter, per_scope="yes")
     with pytest.raises(ValueError, match="not both"):
         metrics.instrument(limiter, per_scope=True, scope_group=str)
-    assert type(limiter.acquire("https://a.test/")) is Permit
+    assert not hasattr(type(limiter.acquire("https://a.test/")), "_metrics")  # not instrumented
 
 
 def test_wait_buckets_are_increasing() -> None:

@@ -1,18 +1,25 @@
-"""Reading the running async backend's clock cheaply."""
+"""Reading the running async backend's clock, and its running task, cheaply."""
 
 from __future__ import annotations
 
 import time
 from asyncio import BaseEventLoop, _get_running_loop
-from collections.abc import Callable
+from asyncio import current_task as _asyncio_task
+from asyncio import tasks as _asyncio_tasks
+from collections.abc import Callable, Mapping
 from threading import get_ident
 from typing import Any
 
 import anyio
 
-__all__ = ["now", "now_or_monotonic"]
+__all__ = ["current_task", "now", "now_or_monotonic", "tasks"]
 
 _STOCK_TIME = BaseEventLoop.time
+
+#: The task each asyncio loop is running, as asyncio keeps it (up to Python
+#: 3.13; later versions keep it elsewhere and leave this empty, and
+#: current_task() then asks asyncio).
+tasks: Mapping[Any, Any] = getattr(_asyncio_tasks, "_current_tasks", {})
 
 # The asyncio loop last found running and its clock, replaced as one tuple so
 # that another thread's update is never seen half done. A loop runs in one
@@ -47,6 +54,21 @@ def _find_clock() -> float:
     if getattr(loop, "_thread_id", None) == get_ident():  # uvloop has none: not cached
         _running = (loop, clock)
     return clock()
+
+
+def current_task() -> object:
+    """The running task (asyncio or trio), to compare by identity; ``None`` outside one."""
+    loop = _running[0]
+    if loop is not None and loop._thread_id == get_ident():
+        task = tasks.get(loop)
+        if task is not None:
+            return task
+    try:
+        return _asyncio_task()
+    except RuntimeError:  # not on asyncio: trio, which is imported when it runs
+        import trio
+
+        return trio.lowlevel.current_task()
 
 
 def now_or_monotonic() -> float:

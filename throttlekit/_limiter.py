@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
-from contextvars import ContextVar, Token
-from types import TracebackType
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -19,7 +16,7 @@ from . import scopes as _scopes
 from ._checks import check_number
 from ._clock import now as _now
 from ._controller import Feedback
-from ._errors import WouldBlock
+from ._permit import Permit
 from ._policy import ScopePolicy
 from ._stats import LimiterStatistics, ScopeStatistics
 from .backends.memory import MemoryBackend
@@ -39,390 +36,6 @@ _HOSTS_MAX = 131_072
 #: The longest wait read from rate-limit headers here (about 30 years): no cap
 #: in practice, so that each scope's ``Backoff.max_delay`` is the cap that applies.
 _HEADER_MAX_DELAY = 1e9
-
-
-#: The permits held in ``async with`` blocks by the running task (and, copied
-#: with the context, by the tasks it starts: those are told apart by ``task``).
-_HOLDS: ContextVar[tuple[Permit, ...]] = ContextVar("throttlekit_holds", default=())
-
-
-def _current_task() -> object:
-    """The running task (asyncio or trio), compared by identity."""
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # not on asyncio: trio, which is imported when it runs
-        import trio
-
-        return trio.lowlevel.current_task()
-
-
-def _holds_of(limiter: Limiter, holds: tuple[Permit, ...]) -> list[Permit]:
-    """The permits of ``limiter`` among ``holds`` that the running task holds."""
-    if not holds:
-        return []
-    task = _current_task()
-    return [
-        hold
-        for hold in holds
-        if hold._token is not None and hold._limiter is limiter and hold._task is task
-    ]
-
-
-def _only(scopes: Iterable[str], granted: Mapping[str, float]) -> frozenset[str]:
-    names = frozenset([scopes] if isinstance(scopes, str) else scopes)
-    unknown = names - granted.keys()
-    if unknown:
-        raise ValueError(
-            f"record(scopes=...) names scopes the permit does not hold: {sorted(unknown)}"
-        )
-    return names
-
-
-def _status_of(response: Any) -> int | None:
-    for attribute in ("status_code", "status"):
-        value = getattr(response, attribute, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def _check_feedback(status: object, exception: object, latency: object, size: object) -> None:
-    """``record()``'s arguments, checked: misuse is a TypeError/ValueError, never ignored."""
-    if status is not None:
-        if isinstance(status, bool) or not isinstance(status, int):
-            raise TypeError(f"status must be an int HTTP status code, got {status!r}")
-        if not 100 <= status <= 999:
-            raise ValueError(f"status must be an HTTP status code (100-999), got {status!r}")
-    if exception is not None and not isinstance(exception, BaseException):
-        raise TypeError(f"exception must be an exception instance, got {exception!r}")
-    if latency is not None:
-        if isinstance(latency, bool) or not isinstance(latency, (int, float)):
-            raise TypeError(f"latency must be a number of seconds, got {latency!r}")
-        if not (math.isfinite(latency) and latency >= 0):
-            raise ValueError(f"latency must be a finite number of seconds >= 0, got {latency!r}")
-    if size is not None:
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise TypeError(f"size must be an int number of bytes, got {size!r}")
-        if size < 0:
-            raise ValueError(f"size must be >= 0 bytes, got {size!r}")
-
-
-class Permit:
-    """A request's right to be sent, from :meth:`Limiter.acquire`.
-
-    Use it as ``async with limiter.acquire(url) as permit:``; leaving the block
-    gives back the concurrency it holds, also on error and on cancellation.
-    Inside the block, report how the request went with :meth:`record`.
-    """
-
-    __slots__ = (
-        "_encloses",
-        "_lease",
-        "_limiter",
-        "_priority",
-        "_request",
-        "_scopes",
-        "_shared",
-        "_task",
-        "_timeout",
-        "_token",
-        "recorded",
-    )
-
-    def __init__(
-        self,
-        limiter: Limiter,
-        request: Any,
-        priority: int,
-        timeout: float | None,
-        scopes: _scopes.ScopesLike | None,
-    ) -> None:
-        self._limiter = limiter
-        self._request = request
-        self._priority = priority
-        self._timeout = timeout
-        self._scopes = scopes
-        self._lease: Any = None  # the backend's lease
-        # Nested in permits this task holds: (permit, the scopes shared with it).
-        self._shared: tuple[tuple[Permit, frozenset[str]], ...] | None = None
-        # Whether acquires inside its ``async with`` block nest in it (adapters
-        # turn it off for the requests they send).
-        self._encloses = True
-        # While held in ``async with``: the task, and the token that entered it in _HOLDS.
-        self._task: object = None
-        self._token: Token[tuple[Permit, ...]] | None = None
-        self.recorded = False
-
-    def __repr__(self) -> str:
-        return f"<Permit {self._lease!r}>" if self._lease else "<Permit (not acquired)>"
-
-    @property
-    def scopes(self) -> dict[str, float]:
-        """The granted scopes and the cost taken from each.
-
-        A permit nested in one that its task holds lists only the scopes it
-        added (see :meth:`Limiter.acquire`).
-        """
-        if self._lease is None:
-            if self._shared is not None:
-                return {}
-            raise RuntimeError("the permit has not been acquired yet")
-        return dict(self._lease.scopes)
-
-    @property
-    def granted_at(self) -> float:
-        """The limiter-clock time of the grant (the send time)."""
-        if self._lease is None:
-            if self._shared:
-                return self._shared[0][0].granted_at
-            raise RuntimeError("the permit has not been acquired yet")
-        return float(self._lease.granted_at)
-
-    @property
-    def request(self) -> Any:
-        """The request-like this permit was acquired for."""
-        return self._request
-
-    async def __aenter__(self) -> Permit:
-        holds = _HOLDS.get()
-        if not self._enter_now(holds):
-            await self._enter_later(holds)
-        if self._encloses:
-            # Acquires nested in this block (same task, same limiter) share its scopes.
-            self._task = _current_task()
-            self._token = _HOLDS.set((*holds, self))
-        return self
-
-    def _enter_now(self, holds: tuple[Permit, ...]) -> bool:
-        """The fast path, no await: a URL string, the default resolver, one scope with room."""
-        if self._lease is not None or self._shared is not None:
-            raise RuntimeError("a permit can be entered only once")
-        limiter = self._limiter
-        request = self._request
-        # Fast path, no await: one scope of cost 1 that has room now
-        # (limiter._one_scope, inline: a URL with the default resolver, or scopes="name").
-        scopes = self._scopes
-        if holds:
-            scope = None  # maybe nested: the slow path looks
-        elif scopes is None:
-            if type(request) is str and limiter.resolver is _by_host:
-                scope = limiter._hosts.get(request) or limiter._host_of(request)
-            else:
-                scope = None
-        else:
-            scope = scopes if type(scopes) is str else None
-        if scope is not None:
-            lease = limiter._try_one(scope, self._priority)
-            if lease is not None:
-                self._lease = lease
-                return True
-        return False
-
-    async def _enter_later(self, holds: tuple[Permit, ...]) -> None:
-        """Acquire; a permit nested in ones its task holds takes only the scopes they lack."""
-        limiter = self._limiter
-        mine = _holds_of(limiter, holds)
-        if mine:
-            await self._enter_nested(mine)
-            return
-        costs = limiter._resolve(self._request, self._scopes)
-        if type(costs) is not dict:
-            costs = _scopes.as_scope_costs(await costs)
-        limiter._check_stall(costs)
-        self._lease = await limiter._backend.acquire(
-            costs, priority=self._priority, timeout=self._timeout
-        )
-
-    def _held_scopes(self) -> set[str]:
-        """The scopes this permit holds: its own and those it shares with enclosing ones."""
-        names = {name for _, shared in self._shared or () for name in shared}
-        if self._lease is not None:
-            names.update(self._lease.scopes)
-        return names
-
-    async def _enter_nested(self, holds: list[Permit]) -> None:
-        limiter = self._limiter
-        costs = limiter._resolve(self._request, self._scopes)
-        if type(costs) is not dict:
-            costs = _scopes.as_scope_costs(await costs)
-        owner: dict[str, Permit] = {}
-        for hold in holds:
-            for name in hold._held_scopes():
-                owner.setdefault(name, hold)
-        self._shared = tuple(
-            (hold, names)
-            for hold in holds
-            if (names := frozenset(name for name in costs if owner.get(name) is hold))
-        )
-        added = {name: cost for name, cost in costs.items() if name not in owner}
-        if added:
-            limiter._check_stall(added)
-            # The enclosing permit holds a slot of the global cap: take none.
-            self._lease = await limiter._backend.acquire(
-                added, priority=self._priority, timeout=self._timeout, gated=False
-            )
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        token = self._token
-        if token is not None:
-            self._token = self._task = None
-            try:  # noqa: SIM105 - contextlib.suppress costs more on this path
-                _HOLDS.reset(token)
-            except ValueError:  # left in another context than it was entered in
-                pass
-        lease = self._lease
-        if lease is not None:
-            backend = self._limiter._backend
-            if not backend.release_nowait(lease):
-                await backend.release(lease)
-
-    def __enter__(self) -> Permit:
-        if self._lease is None:
-            raise RuntimeError(
-                "use 'async with limiter.acquire(...)'; 'with' is for acquire_nowait()"
-            )
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    def release(self) -> None:
-        """Give back the concurrency this permit holds (idempotent).
-
-        With a shared backend the release is a network round trip: leave the
-        ``async with`` block instead (this raises :class:`RuntimeError`).
-        """
-        lease = self._lease
-        if lease is not None and not self._limiter._backend.release_nowait(lease):
-            raise RuntimeError("with a shared backend, release by leaving 'async with'")
-
-    def record(
-        self,
-        response: Any = None,
-        *,
-        status: int | None = None,
-        headers: Any = None,
-        exception: BaseException | None = None,
-        latency: float | None = None,
-        size: int | None = None,
-        consumed: Mapping[str, float] | None = None,
-        adjust_delay: bool | None = None,
-        scopes: Iterable[str] | None = None,
-        budgets: Mapping[str, str] | None = None,
-    ) -> Feedback:
-        """Report how the request went, so the scope's controllers can react.
-
-        :param response: anything with ``.status``/``.status_code`` and ``.headers``
-            (httpx, aiohttp, Scrapy responses); explicit arguments win over it.
-        :param status: the HTTP status code.
-        :param headers: the response headers (rate-limit headers are read from them).
-        :param exception: the exception that ended the request (timeouts trigger backoff).
-        :param latency: seconds from send to response headers; defaults to the
-            time since the grant.
-        :param size: the response body size in bytes, if known.
-        :param consumed: the actual cost per scope, when it differs from the
-            declared cost; the quota window is corrected by the difference.
-        :param adjust_delay: ``False`` keeps latency controllers from learning
-            from this response; by default it is ``False`` when the request's
-            meta has ``autothrottle_dont_adjust_delay``.
-        :param scopes: give the feedback to these of the permit's scopes only
-            (e.g. an upstream status that concerns the target site's scope,
-            not the scraping API's); default: all of them. ``consumed``
-            applies regardless.
-        :param budgets: which of the permit's scopes tracks which budget the
-            server reports, ``{budget: scope}`` (e.g. ``{"tokens":
-            "openai-tokens"}``): that scope learns only its budget, counted in
-            requests of its cost, and the other scopes learn the rest (see
-            :meth:`throttlekit.headers.RateLimitInfo.for_scopes`). In memory
-            only: the Redis backend keeps the last record of a permit, which
-            is the one for the scopes that track no named budget.
-        :returns: the :class:`Feedback` that was recorded.
-        """
-        lease = self._lease
-        if lease is None and self._shared is None:
-            raise RuntimeError("record() needs an acquired permit")
-        if response is not None:
-            if status is None:
-                status = _status_of(response)
-            if headers is None:
-                headers = getattr(response, "headers", None)
-        _check_feedback(status, exception, latency, size)
-        if adjust_delay is None:
-            meta = getattr(self._request, "meta", None) or getattr(
-                self._request, "extensions", None
-            )
-            adjust_delay = not (
-                isinstance(meta, Mapping) and meta.get("autothrottle_dont_adjust_delay")
-            )
-        if consumed:
-            consumed = _scopes.as_scope_costs(consumed)
-        limiter = self._limiter
-        own = {} if lease is None else lease.scopes
-        shared = self._shared or ()
-        if scopes is not None:
-            scopes = _only(scopes, {**own, **{name: 0.0 for _, names in shared for name in names}})
-        feedback = limiter._make_feedback(
-            self.granted_at,
-            status=status,
-            headers=headers,
-            exception=exception,
-            latency=latency,
-            size=size,
-            adjust_delay=adjust_delay,
-            scopes=scopes,
-        )
-        if lease is not None:
-            own_scopes = None if scopes is None else scopes & own.keys()
-            self._record_on(lease, own, own_scopes, feedback, consumed, budgets)
-        for hold, names in shared:
-            # The response also concerns the scopes the enclosing permit holds for us.
-            outer = hold._lease
-            if outer is not None and hold._token is not None:
-                names = names if scopes is None else names & scopes
-                costs = {name: outer.scopes[name] for name in names if name in outer.scopes}
-                self._record_on(outer, costs, frozenset(costs), feedback, None, budgets)
-        self.recorded = True
-        return feedback
-
-    def _record_on(
-        self,
-        lease: Any,
-        costs: Mapping[str, float],
-        scopes: frozenset[str] | None,
-        feedback: Feedback,
-        consumed: Mapping[str, float] | None,
-        budgets: Mapping[str, str] | None,
-    ) -> None:
-        """Give ``feedback`` to ``scopes`` (``None``: all) of ``lease``, each its budget."""
-        backend = self._limiter._backend
-        if scopes is not None:
-            feedback = attrs.evolve(feedback, scopes=scopes)
-        info = feedback.rate_limit
-        if not budgets or info is None:
-            backend.record(lease, feedback, consumed)
-            return
-        # Each scope learns the budget it tracks: one record per distinct view,
-        # the view of the scopes tracking no named budget last, with ``consumed``.
-        rest = info.excluding(budgets.keys())
-        groups: dict[Any, set[str]] = {rest: set()}
-        for scope, view in info.for_scopes(costs, budgets).items():
-            if scopes is None or scope in scopes:
-                groups.setdefault(view, set()).add(scope)
-        parts = [*list(groups.items())[1:], (rest, groups[rest])]
-        for index, (view, group) in enumerate(parts):
-            part = attrs.evolve(feedback, rate_limit=view, scopes=frozenset(group))
-            last = index == len(parts) - 1
-            backend.record(lease, part, consumed if last else None)
 
 
 class Limiter:
@@ -501,7 +114,7 @@ class Limiter:
         )
         self._crawl_delays: dict[str, float] = {}
         self._crawl_warned: set[str] = set()
-        self.resolver = resolver
+        self._resolver = resolver
         self.max_waiters = max_waiters
         self._local = local = MemoryBackend(
             policies=scopes,
@@ -515,16 +128,15 @@ class Limiter:
         # The backend is chosen once: the in-memory one, or a shared one bound to it.
         self._backend: Backend = local if backend is None else backend
         self._backend.bind(local)
-        # What acquire() and acquire_nowait() return. Instrumentation
-        # (throttlekit.otel) swaps in a subclass that records metrics, so a
-        # limiter without it pays nothing for them.
-        self._permit_type: type[Permit] = Permit
+        # What acquire() and acquire_nowait() return: the backend's permit
+        # type (the in-memory one grants on a fast path of its own), or the
+        # general Permit. Instrumentation (throttlekit.otel) swaps in a
+        # subclass that records metrics, so a limiter without it pays nothing.
+        self._permit_type: type[Permit] = getattr(self._backend, "permit_type", Permit)
+        # The innermost permit each task holds in ``async with`` (see Permit._hold).
+        self._held: dict[object, Permit] = {}
         # The scope of each URL string seen lately, with the default resolver.
         self._hosts: dict[str, str] = {}
-        # The backend's fast path of one scope, if it has one (chosen once).
-        self._try_one: Callable[[str, int], Any] = getattr(
-            self._backend, "try_acquire_one", _no_fast_path
-        )
 
     def __repr__(self) -> str:
         return f"<Limiter {self._backend!r}>"
@@ -564,6 +176,18 @@ class Limiter:
         return cls(**options)
 
     # -- public API ----------------------------------------------------------------
+
+    @property
+    def resolver(self) -> _scopes.Resolver:
+        """Maps a request-like to its scopes (see :mod:`throttlekit.scopes`); settable."""
+        return self._resolver
+
+    @resolver.setter
+    def resolver(self, resolver: _scopes.Resolver) -> None:
+        if not callable(resolver):
+            raise TypeError(f"resolver must be callable, got {resolver!r}")
+        self._resolver = resolver
+        self._hosts.clear()  # the scopes of URLs the old resolver gave
 
     @property
     def backend(self) -> Backend | None:
@@ -644,19 +268,8 @@ class Limiter:
         """
         if request is None and scopes is None:
             raise TypeError("acquire_nowait() needs a request or scopes=")
-        scope = self._one_scope(request, scopes)
-        lease = None if scope is None else self._try_one(scope, priority)
-        if lease is None:
-            costs = self._resolve(request, scopes)
-            if type(costs) is not dict:
-                if inspect.iscoroutine(costs):
-                    costs.close()
-                raise RuntimeError("acquire_nowait() cannot use an async resolver; use acquire()")
-            lease = self._backend.try_acquire(costs, priority)
-            if lease is None:
-                raise WouldBlock(f"no room now for {costs}")
         permit = self._permit_type(self, request, priority, None, scopes)
-        permit._lease = lease
+        permit._enter_nowait()
         return permit
 
     def set_crawl_delay(self, scope: str, seconds: float) -> None:
@@ -715,32 +328,29 @@ class Limiter:
 
     # -- internals -----------------------------------------------------------------
 
-    def _one_scope(self, request: Any, scopes: _scopes.ScopesLike | None) -> str | None:
-        """The scope of a request of one scope of cost 1 whose name is cheap to know,
-        else ``None``: a URL string with the default resolver, or ``scopes="name"``."""
-        if scopes is None:
-            if type(request) is str and self.resolver is _by_host:
-                return self._hosts.get(request) or self._host_of(request)
-            return None
-        return scopes if type(scopes) is str else None
-
     def _host_of(self, url: str) -> str:
-        """``by_host(url)``, remembered for the fast path (bounded: cleared when full)."""
-        host = _by_host(url)
-        hosts = self._hosts
-        if len(hosts) >= _HOSTS_MAX:
-            hosts.clear()
-        hosts[url] = host
+        """``by_host(url)``, remembered (bounded: cleared when full)."""
+        host = self._hosts.get(url)
+        if host is None:
+            host = _by_host(url)
+            hosts = self._hosts
+            if len(hosts) >= _HOSTS_MAX:
+                hosts.clear()
+            hosts[url] = host
         return host
 
     def _resolve(self, request: Any, scopes: _scopes.ScopesLike | None) -> Any:
         """The request's ``{scope: cost}``, or an awaitable of the resolver's result."""
         if scopes is not None:
             return _scopes.as_scope_costs(scopes)
+        resolver = self._resolver
+        if resolver is _by_host and type(request) is str:
+            # Remembered: the fast path of the in-memory backend looks URLs up there.
+            return {self._host_of(request): 1.0}
         carried = _scopes.request_scopes(request)
         if carried is not None:
             return _scopes.as_scope_costs(carried)
-        result = self.resolver(request)
+        result = resolver(request)
         if type(result) is str:
             return {result: 1.0}
         if inspect.isawaitable(result):
@@ -772,11 +382,6 @@ class Limiter:
                 fields["headers"], now=time.time(), max_delay=_HEADER_MAX_DELAY
             )
         return Feedback(**fields)
-
-
-def _no_fast_path(scope: str, priority: int) -> None:
-    """The fast path of a backend that has none: always take the general path."""
-    return None
 
 
 def _check_limit(name: str, value: object, *, optional: bool = True) -> None:

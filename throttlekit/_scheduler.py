@@ -37,11 +37,8 @@ CANCELLED: Final = 3
 _STATE_NAMES: Final = ("waiting", "granted", "released", "cancelled")
 
 _QueueEntry = tuple[int, int, "Ticket"]
-_NO_ENTRY: tuple[None] = (None,)
-_COST_ONE: tuple[float] = (1.0,)
 #: Most ledgers one eviction sweep looks at (each is O(log n) in the idle heap).
 _EVICT_LOOKS: Final = 8
-_new_ticket = object.__new__
 
 
 class GlobalGate:
@@ -274,51 +271,6 @@ class Scheduler:
             for ledger in ticket.ledgers:
                 self._settle(ledger)
 
-    def grant_one(self, name: str, priority: int, now: float) -> Ticket | None:
-        """Grant a request of cost 1 on one scope at once if nothing stands in its way.
-
-        The uncontended fast path: it equals ``make_ticket`` + ``try_grant`` for a
-        scope that already exists, has no queue, and admits the request now (and a
-        global cap with room and no queue). Anything else returns ``None`` without
-        side effects, and the caller takes the general path.
-        """
-        ledger = self.scopes.get(name)
-        if ledger is None or ledger.queue:
-            return None
-        gate = self.gate
-        limit = gate.limit
-        if limit is not None and (gate.in_flight >= limit or gate.queue):
-            return None
-        if ledger.plain:
-            # Only concurrency, delay and a server block bind: ready_at and grant, inline.
-            concurrency = ledger.concurrency
-            if (
-                (concurrency is not None and ledger.in_flight >= concurrency)
-                or ledger.next_send_at > now
-                or ledger.blocked_until > now
-            ):
-                return None
-            ledger.in_flight += 1
-            ledger.factor = 1.0
-            ledger.next_send_at = now + ledger.delay
-            entry = None
-        elif ledger.ready_at(1.0, now) > now:
-            return None
-        else:
-            entry = ledger.grant(1.0, now, self.rng)
-        gate.in_flight += 1
-        # A ticket that never waits: built without __init__ (this is most of the saving).
-        ticket = _new_ticket(Ticket)
-        ticket.ledgers = (ledger,)
-        ticket.costs = _COST_ONE
-        ticket.priority = priority
-        ticket.seq = -1  # never queued
-        ticket.gated = True
-        ticket.state = GRANTED
-        ticket.granted_at = now
-        ticket.quota_entries = _NO_ENTRY if entry is None else (entry,)
-        return ticket  # (queue and waker stay unset: only a waiting ticket has them)
-
     def try_grant(self, ticket: Ticket, now: float) -> bool:
         """Grant ``ticket`` now if every scope and the global cap admit it."""
         if self._blocker(ticket, now, None) is not None:
@@ -364,21 +316,7 @@ class Scheduler:
         """
         if ticket.state == GRANTED:
             ticket.state = RELEASED
-            ledgers = ticket.ledgers
-            if len(ledgers) == 1 and ledgers[0].plain and ticket.gated:
-                # One plain scope: ledger.release and _release, inline.
-                ledger = ledgers[0]
-                ledger.in_flight -= 1
-                if ledger.waiting:
-                    self._mark(ledger)
-                elif not ledger.in_flight and ledger.listed_at == INF:
-                    self._list(ledger, ledger.evictable_at())
-                gate = self.gate
-                gate.in_flight -= 1
-                if gate.queue:
-                    self._mark(gate)
-            else:
-                self._release(ticket)
+            self._release(ticket)
         return bool(self._dirty)
 
     def feedback(

@@ -160,7 +160,8 @@ class LimiterMetrics:
             raise TypeError(f"per_scope must be a bool, got {per_scope!r}")
         if per_scope and scope_group is not None:
             raise ValueError("give scope_group or per_scope=True, not both")
-        if limiter._permit_type is not Permit:
+        unmetered = limiter._permit_type
+        if issubclass(unmetered, _MeteredPermit):
             raise RuntimeError(f"{limiter!r} is already instrumented")
         self.name = name
         self._limiter = weakref.ref(limiter)
@@ -190,8 +191,10 @@ class LimiterMetrics:
         provider = meter_provider if meter_provider is not None else _otel.get_meter_provider()
         self._instruments = _Instruments.of(provider)
         self._instruments.add(self)
+        # The limiter's own permit type stays underneath (with its fast path).
+        self._unmetered = unmetered
         limiter._permit_type = type(
-            "MeteredPermit", (_MeteredPermit,), {"__slots__": (), "_metrics": self}
+            "MeteredPermit", (_MeteredPermit, unmetered), {"__slots__": (), "_metrics": self}
         )
 
     def __repr__(self) -> str:
@@ -215,7 +218,7 @@ class LimiterMetrics:
         self._instruments.discard(self)
         limiter = self._limiter()
         if limiter is not None and getattr(limiter._permit_type, "_metrics", None) is self:
-            limiter._permit_type = Permit
+            limiter._permit_type = self._unmetered
 
     async def watch_shared_state(self, interval: float = 15.0) -> None:
         """With a shared backend, keep the ``throttlekit.scope.*`` gauges on the shared state.

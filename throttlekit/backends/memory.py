@@ -13,6 +13,7 @@ import random
 from collections import deque
 from collections.abc import Mapping
 from threading import get_ident as _get_ident
+from types import TracebackType
 
 import anyio
 
@@ -21,13 +22,134 @@ from .._clock import now as _now
 from .._clock import now_or_monotonic
 from .._controller import Feedback
 from .._errors import Overloaded, ThrottleTimeout
+from .._permit import Permit
 from .._policy import ScopePolicy
-from .._scheduler import CANCELLED, WAITING, Scheduler, Ticket
+from .._scheduler import CANCELLED, GRANTED, RELEASED, WAITING, Scheduler, Ticket
 from .._stats import LimiterStatistics, ScopeStatistics
 
-__all__ = ["MemoryBackend"]
+__all__ = ["MemoryBackend", "MemoryPermit"]
 
 INF = math.inf
+_COST_ONE = (1.0,)
+_NO_ENTRY = (None,)
+_new_ticket = object.__new__
+_tasks = _clock.tasks
+
+
+class MemoryPermit(Permit):
+    """The permit of a limiter whose scopes live in memory: the uncontended case inline.
+
+    A request of one scope of cost 1 whose name is known without resolving
+    (a URL string the limiter has resolved before with the default resolver,
+    or ``scopes="name"``), on a *plain* scope (no controller, quota, slot
+    delay or jitter in force), with room now in that scope and the global
+    cap and nobody queued on either, is granted right here, and given back
+    the same way. Anything else takes the general path of :class:`Permit`.
+    """
+
+    __slots__ = ()
+
+    async def __aenter__(self) -> Permit:
+        loop, clock = _clock._running
+        if loop is not None and loop._thread_id == _get_ident():
+            task = _tasks.get(loop)
+            held = self._limiter._held
+            # A task that holds a permit of this limiter may be nesting: general path.
+            if task is not None and task not in held and self._grant_now(clock()):
+                if self._encloses:
+                    self._task = task
+                    held[task] = self
+                return self
+        return await super().__aenter__()
+
+    def _enter_nowait(self) -> None:
+        loop, clock = _clock._running
+        now = clock() if loop is not None and loop._thread_id == _get_ident() else _now()
+        if not self._grant_now(now):
+            super()._enter_nowait()
+
+    def _grant_now(self, now: float) -> bool:
+        """Grant on the fast path at ``now`` if it applies (see the class); else ``False``."""
+        if self._lease is not None or self._shared is not None:
+            return False  # entered twice: the general path says so
+        scopes = self._scopes
+        if scopes is None:
+            request = self._request
+            if type(request) is not str:
+                return False
+            scope = self._limiter._hosts.get(request)  # filled by the general path
+            if scope is None:
+                return False
+        elif type(scopes) is str:
+            scope = scopes
+        else:
+            return False
+        core = self._limiter._backend.core  # type: ignore[attr-defined]
+        ledger = core.scopes.get(scope)
+        if ledger is None or not ledger.plain or ledger.queue:
+            return False
+        gate = core.gate
+        limit = gate.limit
+        if limit is not None and (gate.in_flight >= limit or gate.queue):
+            return False
+        # A plain scope: only its concurrency, delay and a server block bind
+        # (ScopeLedger.ready_at and grant, inline).
+        concurrency = ledger.concurrency
+        if (
+            (concurrency is not None and ledger.in_flight >= concurrency)
+            or ledger.next_send_at > now
+            or ledger.blocked_until > now
+        ):
+            return False
+        ledger.in_flight += 1
+        ledger.factor = 1.0
+        ledger.next_send_at = now + ledger.delay
+        gate.in_flight += 1
+        # A ticket that never waits: built without __init__ (queue and waker stay unset).
+        ticket = _new_ticket(Ticket)
+        ticket.ledgers = (ledger,)
+        ticket.costs = _COST_ONE
+        ticket.priority = self._priority
+        ticket.seq = -1  # never queued
+        ticket.gated = True
+        ticket.state = GRANTED
+        ticket.granted_at = now
+        ticket.quota_entries = _NO_ENTRY
+        self._lease = ticket
+        return True
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._task is not None:
+            self._unhold()
+        MemoryPermit.release(self)  # not an override's: instrumentation counts its own
+
+    def release(self) -> None:
+        """Give back the concurrency this permit holds (idempotent)."""
+        lease = self._lease
+        if lease is None:
+            return
+        ledgers = lease.ledgers
+        if lease.state == GRANTED and len(ledgers) == 1 and lease.gated:
+            ledger = ledgers[0]
+            gate = self._limiter._backend.core.gate  # type: ignore[attr-defined]
+            # Inline when it frees nothing anybody waits for and the scope
+            # stays listed among the idle ones (Scheduler.release otherwise).
+            if (
+                ledger.plain
+                and not ledger.waiting
+                and not gate.queue
+                and (ledger.in_flight > 1 or ledger.listed_at != INF)
+            ):
+                lease.state = RELEASED
+                ledger.in_flight -= 1
+                gate.in_flight -= 1
+                return
+        self._limiter._backend.release_nowait(lease)
 
 
 class MemoryBackend:
@@ -98,20 +220,11 @@ class MemoryBackend:
 
     # -- the Backend protocol ------------------------------------------------------
 
+    #: What the limiter's ``acquire()`` returns.
+    permit_type = MemoryPermit
+
     def bind(self, local: MemoryBackend) -> None:
         """The in-memory backend is its own local part."""
-
-    def try_acquire_one(self, scope: str, priority: int) -> Ticket | None:
-        """Grant one request of cost 1 on ``scope`` now, on the fast path, or ``None``.
-
-        ``None`` says only that the fast path does not apply (a new scope, a
-        queue, a quota, a slot delay that binds, no room): the caller goes on
-        with :meth:`try_acquire` or :meth:`acquire`.
-        """
-        # _now(), inline: the clock of the asyncio loop found running last, if it still is.
-        loop, clock = _clock._running
-        now = clock() if loop is not None and loop._thread_id == _get_ident() else _now()
-        return self.core.grant_one(scope, priority, now)
 
     def try_acquire(self, costs: Mapping[str, float], priority: int) -> Ticket | None:
         """Grant ``costs`` now if every scope and the global cap admit them, else ``None``."""
