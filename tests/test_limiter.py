@@ -437,6 +437,53 @@ async def _mark(ran: list[bool]) -> None:
     ran.append(True)
 
 
+async def test_a_fast_path_permit_answers_like_any_other() -> None:
+    """A grant of the in-memory fast path keeps no ticket until one is needed: its
+    scopes, grant time, feedback, release and nesting behave as on the general path."""
+    limiter = Limiter(default=ScopePolicy(concurrency=1, delay=0, slot_delay=0))
+    url = "https://fast.example/"
+    async with limiter.acquire(url):  # the general path: the scope and its URL are new
+        pass
+    async with limiter.acquire(url) as permit:
+        assert permit.scopes == {"fast.example": 1.0}
+        assert permit.granted_at <= anyio.current_time()
+        assert "fast.example" in repr(permit)
+        with pytest.raises(WouldBlock):  # concurrency 1: the permit holds it
+            limiter.acquire_nowait(url)
+        permit.release()
+        permit.release()  # idempotent
+        with limiter.acquire_nowait(url):  # given back
+            pass
+    assert permit.scopes == {"fast.example": 1.0}  # still answers after the block
+    assert_idle(limiter)
+    async with limiter.acquire(url) as permit:
+        permit.record(status=429, headers={"Retry-After": "30"})  # a ticket from now on
+    stats = limiter.scope_statistics("fast.example")
+    assert stats is not None
+    assert stats.in_flight == 0
+    assert stats.blocked_until > anyio.current_time() + 20
+    other = "https://other.example/"
+    async with limiter.acquire(other):
+        pass
+    async with limiter.acquire(other) as outer, limiter.acquire(other) as inner:
+        assert (outer.scopes, inner.scopes) == ({"other.example": 1.0}, {})
+    assert_idle(limiter)
+
+
+async def test_setting_the_resolver_forgets_the_hosts_of_urls() -> None:
+    limiter = Limiter(default=FREE)
+    url = "https://a.example/x"
+    async with limiter.acquire(url) as permit:
+        assert permit.scopes == {"a.example": 1.0}
+    limiter.resolver = lambda request: "everything"
+    async with limiter.acquire(url) as permit:
+        assert permit.scopes == {"everything": 1.0}
+    with limiter.acquire_nowait(url) as permit:
+        assert permit.scopes == {"everything": 1.0}
+    with pytest.raises(TypeError, match="resolver must be callable"):
+        limiter.resolver = "by host"  # type: ignore[assignment]
+
+
 @virtual
 async def test_priorities_then_fifo() -> None:
     limiter = Limiter(default=ONE)

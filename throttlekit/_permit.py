@@ -111,7 +111,10 @@ class Permit:
         self._priority = priority
         self._timeout = timeout
         self._scopes = scopes
-        self._lease: Any = None  # the backend's lease
+        # The backend's lease, None before the grant. A backend's permit type
+        # may keep something cheaper there until a lease is needed: read what
+        # it holds with _get_lease(), and only test this for None.
+        self._lease: Any = None
         # Nested in permits this task holds: (permit, the scopes shared with it).
         self._shared: tuple[tuple[Permit, frozenset[str]], ...] | None = None
         # Whether acquires inside its ``async with`` block nest in it (adapters
@@ -124,7 +127,8 @@ class Permit:
         self.recorded = False
 
     def __repr__(self) -> str:
-        return f"<Permit {self._lease!r}>" if self._lease else "<Permit (not acquired)>"
+        lease = self._get_lease()
+        return f"<Permit {lease!r}>" if lease else "<Permit (not acquired)>"
 
     @property
     def scopes(self) -> dict[str, float]:
@@ -137,7 +141,7 @@ class Permit:
             if self._shared is not None:
                 return {}
             raise RuntimeError("the permit has not been acquired yet")
-        return dict(self._lease.scopes)
+        return dict(self._get_lease().scopes)
 
     @property
     def granted_at(self) -> float:
@@ -146,7 +150,7 @@ class Permit:
             if self._shared:
                 return self._shared[0][0].granted_at
             raise RuntimeError("the permit has not been acquired yet")
-        return float(self._lease.granted_at)
+        return float(self._get_lease().granted_at)
 
     @property
     def request(self) -> Any:
@@ -186,6 +190,10 @@ class Permit:
             raise WouldBlock(f"no room now for {costs}")
         self._lease = lease
 
+    def _get_lease(self) -> Any:
+        """The backend's lease (``None`` before the grant)."""
+        return self._lease
+
     def _hold(self, task: object) -> None:
         """Held by ``task`` in ``async with``: its acquires on this limiter nest in it."""
         held = self._limiter._held
@@ -198,21 +206,22 @@ class Permit:
         task = self._task
         self._task = None
         held = self._limiter._held
-        if held.get(task) is self:  # else left before a permit entered inside it
+        top = held.pop(task, None)
+        if top is self:
             outer = self._outer
             while outer is not None and outer._task is None:
                 outer = outer._outer
-            if outer is None:
-                del held[task]
-            else:
+            if outer is not None:
                 held[task] = outer
             self._outer = None
+        elif top is not None:  # left before a permit entered inside it: that one stays
+            held[task] = top
 
     def _held_scopes(self) -> set[str]:
         """The scopes this permit holds: its own and those it shares with enclosing ones."""
         names = {name for _, shared in self._shared or () for name in shared}
         if self._lease is not None:
-            names.update(self._lease.scopes)
+            names.update(self._get_lease().scopes)
         return names
 
     async def _enter_nested(self, holds: list[Permit]) -> None:
@@ -246,7 +255,7 @@ class Permit:
     ) -> None:
         if self._task is not None:
             self._unhold()
-        lease = self._lease
+        lease = self._get_lease()
         if lease is not None:
             backend = self._limiter._backend
             if not backend.release_nowait(lease):
@@ -273,7 +282,7 @@ class Permit:
         With a shared backend the release is a network round trip: leave the
         ``async with`` block instead (this raises :class:`RuntimeError`).
         """
-        lease = self._lease
+        lease = self._get_lease()
         if lease is not None and not self._limiter._backend.release_nowait(lease):
             raise RuntimeError("with a shared backend, release by leaving 'async with'")
 
@@ -319,7 +328,7 @@ class Permit:
             is the one for the scopes that track no named budget.
         :returns: the :class:`Feedback` that was recorded.
         """
-        lease = self._lease
+        lease = self._get_lease()
         if lease is None and self._shared is None:
             raise RuntimeError("record() needs an acquired permit")
         if response is not None:
@@ -357,7 +366,7 @@ class Permit:
             self._record_on(lease, own, own_scopes, feedback, consumed, budgets)
         for hold, names in shared:
             # The response also concerns the scopes the enclosing permit holds for us.
-            outer = hold._lease
+            outer = hold._get_lease()
             if outer is not None and hold._task is not None:
                 names = names if scopes is None else names & scopes
                 costs = {name: outer.scopes[name] for name in names if name in outer.scopes}

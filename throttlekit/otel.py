@@ -271,7 +271,7 @@ class LimiterMetrics:
         return {group_of(scope) for scope in scopes}
 
     def _granted(self, permit: _MeteredPermit, waited: float) -> tuple[str, ...]:
-        lease = permit._lease
+        lease = permit._get_lease()
         if lease is None:
             return ()  # nested in a permit its task holds: it shares that one, granted nothing
         self._offset = lease.granted_at - time.monotonic()

@@ -32,7 +32,6 @@ __all__ = ["MemoryBackend", "MemoryPermit"]
 INF = math.inf
 _COST_ONE = (1.0,)
 _NO_ENTRY = (None,)
-_new_ticket = object.__new__
 _tasks = _clock.tasks
 
 
@@ -45,6 +44,11 @@ class MemoryPermit(Permit):
     delay or jitter in force), with room now in that scope and the global
     cap and nobody queued on either, is granted right here, and given back
     the same way. Anything else takes the general path of :class:`Permit`.
+
+    Such a grant is kept as ``(ledger, sent_at, state)`` until something
+    needs its :class:`~throttlekit._scheduler.Ticket` (feedback, nesting,
+    the permit's scopes): most requests never do, and a tuple costs a
+    fraction of a ticket.
     """
 
     __slots__ = ()
@@ -105,18 +109,18 @@ class MemoryPermit(Permit):
         ledger.factor = 1.0
         ledger.next_send_at = now + ledger.delay
         gate.in_flight += 1
-        # A ticket that never waits: built without __init__ (queue and waker stay unset).
-        ticket = _new_ticket(Ticket)
-        ticket.ledgers = (ledger,)
-        ticket.costs = _COST_ONE
-        ticket.priority = self._priority
-        ticket.seq = -1  # never queued
-        ticket.gated = True
-        ticket.state = GRANTED
-        ticket.granted_at = now
-        ticket.quota_entries = _NO_ENTRY
-        self._lease = ticket
+        self._lease = (ledger, now, GRANTED)
         return True
+
+    def _get_lease(self) -> Ticket | None:
+        lease = self._lease
+        if type(lease) is tuple:  # a fast grant: its ticket, from now on
+            ledger, sent_at, state = lease
+            lease = self._lease = Ticket((ledger,), _COST_ONE, self._priority, -1)
+            lease.state = state
+            lease.granted_at = sent_at
+            lease.quota_entries = _NO_ENTRY
+        return lease  # type: ignore[no-any-return]
 
     async def __aexit__(
         self,
@@ -131,25 +135,26 @@ class MemoryPermit(Permit):
     def release(self) -> None:
         """Give back the concurrency this permit holds (idempotent)."""
         lease = self._lease
-        if lease is None:
-            return
-        ledgers = lease.ledgers
-        if lease.state == GRANTED and len(ledgers) == 1 and lease.gated:
-            ledger = ledgers[0]
+        if type(lease) is tuple:
+            ledger, sent_at, state = lease
+            if state != GRANTED:
+                return
             gate = self._limiter._backend.core.gate  # type: ignore[attr-defined]
             # Inline when it frees nothing anybody waits for and the scope
-            # stays listed among the idle ones (Scheduler.release otherwise).
+            # stays listed among the idle ones (else Scheduler.release does it).
             if (
                 ledger.plain
                 and not ledger.waiting
                 and not gate.queue
                 and (ledger.in_flight > 1 or ledger.listed_at != INF)
             ):
-                lease.state = RELEASED
                 ledger.in_flight -= 1
                 gate.in_flight -= 1
+                self._lease = (ledger, sent_at, RELEASED)
                 return
-        self._limiter._backend.release_nowait(lease)
+            lease = self._get_lease()
+        if lease is not None:
+            self._limiter._backend.release_nowait(lease)
 
 
 class MemoryBackend:
