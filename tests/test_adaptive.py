@@ -154,6 +154,22 @@ def test_a_long_window_is_learned_from_how_long_the_server_stays_closed(backend:
     assert sum(1 for r in late if r.status == 429) / len(late) < 0.06
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("latency", [2.0, 5.0])
+def test_a_slow_api_is_measured_once_its_answers_are_in(latency: float, backend: str) -> None:
+    # An LLM-style API: 3 requests per sliding second, answers in seconds,
+    # bare 429s in 1 ms. At a refusal most of the second's requests are
+    # still in flight; the edge is counted when they have answered.
+    server = QuotaServer(
+        limit=3, window=1.0, sliding=True, retry_after=None, latency=latency, reject_latency=0.001
+    )
+    policy = ScopePolicy(concurrency=32, delay=0, slot_delay=0, adaptive=Adaptive())
+    trace = _run(server, 150.0, backend, policy)
+    assert _ok_rate(trace, 30, 130) >= 0.94 * 3
+    assert _refused(trace) < 0.02
+    assert_respects(trace, policy)
+
+
 def test_refusals_while_holding_widen_the_margin_below_the_edge() -> None:
     # Sends that reach the server less evenly than they leave are refused
     # below the edge: the margin doubles (up to 10 %), and narrows again

@@ -40,8 +40,11 @@ _QUEUE_HIGH = 4.0
 _PROBE_COST = 0.015
 #: The widest the margin below the edge grows when refusals come while holding.
 _MAX_MARGIN = 0.1
-#: The fewest latencies of one round (enough for a stable mean of varied service times).
+#: The latencies of one round: enough for a stable mean of varied service times, or,
+#: when they come slowly, at least the fewer ones of ``_ROUND_TIME`` seconds.
 _ROUND = 30
+_ROUND_FEWEST = 3
+_ROUND_TIME = 2.0
 #: The windowed minimum RTT keeps two epochs of this length.
 _RTT_EPOCH = 30.0
 
@@ -80,7 +83,8 @@ class Adaptive:
       never exceeds twice the measured send rate, so an idle scope does not
       earn a burst.
     * **Concurrency** (capacity: latency grows with load). It compares the
-      mean latency of each round of responses (at least 30) with the lowest
+      mean latency of each round of responses (30, or those of two seconds
+      when they come slowly, at least 3) with the lowest
       recent round mean and estimates the requests queued at the server
       (``limit * (1 - lowest / mean)``): it grows the limit while the queue
       is under 1.5 requests and shrinks it above 4, never growing while the
@@ -146,6 +150,7 @@ class AdaptiveState(SlotState):
         "edge",
         "empty",
         "hold_for",
+        "latency",
         "limit_growing",
         "margin",
         "ok_since_cut",
@@ -154,7 +159,12 @@ class AdaptiveState(SlotState):
         "phase_at",
         "rate",
         "reason",
+        "refine_at",
+        "refine_for",
+        "refine_phase",
+        "refine_wait",
         "round",
+        "round_at",
         "round_busy",
         "rtt_epoch",
         "rtt_min",
@@ -173,7 +183,7 @@ class AdaptiveState(SlotState):
     def __init__(self, config: Adaptive, policy: ScopePolicy) -> None:
         self.config = config
         self.rate = config.start_rate  # requests per second (inf = no opinion)
-        self.phase = "start"  # start, recover, hold, probe
+        self.phase = "start"  # start, recover, hold, probe; measure; stated
         self.phase_at: float | None = None
         self.edge: float | None = None  # the last measured accepted rate at a throttle
         self.target = INF  # the rate held below the edge
@@ -189,10 +199,18 @@ class AdaptiveState(SlotState):
         # [sent_at, accepted (1 or 0)] of answered sends, oldest first.
         self.sends: list[list[float]] = []  # [sent_at, 1 or 0]
         self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last _OUTCOMES
+        self.latency: float | None = None  # the moving mean latency of accepted requests
+        # When to measure the edge again, for a refusal sent at refine_for: once
+        # the requests in flight then have answered (a slow server's).
+        self.refine_at = INF
+        self.refine_for = -INF
+        self.refine_wait = 0.0
+        self.refine_phase = "start"
         ceiling = policy.concurrency
         self.concurrency: int | None = min(2, ceiling) if ceiling is not None else 2
         self.limit_growing = True  # Vegas slow start: double per round
         self.round: list[float] = []  # latencies of the current round
+        self.round_at = -INF  # when the current round began
         self.round_busy = False  # whether the scope used at least half its limit this round
         self.rtt_min = INF
         self.rtt_prev = INF
@@ -248,7 +266,13 @@ class AdaptiveState(SlotState):
             and feedback.status < 500
             and feedback.adjust_delay
         ):
-            self._latency_sample(scope, feedback.latency, now)
+            latency = feedback.latency
+            if math.isfinite(latency) and latency >= 0:
+                mean = self.latency
+                self.latency = latency if mean is None else mean + 0.1 * (latency - mean)
+            self._latency_sample(scope, latency, now)
+        if now >= self.refine_at:
+            self._refine(scope, now)
         self._advance(scope, now)
 
     @staticmethod
@@ -279,7 +303,7 @@ class AdaptiveState(SlotState):
             sends.append(entry)
         else:  # answers arrive out of send order
             bisect.insort(sends, entry)
-        horizon = sends[-1][0] - 2 * _EDGE_HORIZON
+        horizon = sends[-1][0] - 2 * _EDGE_HORIZON - 2 * (self.latency or 0.0)
         drop = 0
         while drop < len(sends) and sends[drop][0] < horizon:
             drop += 1
@@ -326,6 +350,13 @@ class AdaptiveState(SlotState):
         # sliding one-second window that count is the server's limit; on a
         # longer window it is more, and the refusals that follow say so.
         flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
+        latency = self.latency
+        slow = flying > 0 and latency is not None and latency > horizon / 2
+        if slow:
+            # Those in flight left over the last ``latency`` seconds: about
+            # this share of them within the horizon, until they answer.
+            assert latency is not None
+            flying = round(flying * min(1.0, horizon / latency))
         sent = self._measured(sent_at - horizon, sent_at, accepted=False, extra=flying)
         edge = self._measured(sent_at - horizon, sent_at, accepted=True, extra=flying)
         pause = 0.0
@@ -338,6 +369,8 @@ class AdaptiveState(SlotState):
             if closed:
                 self.blocked_until = max(self.blocked_until, self.cut_at + horizon)
             return
+        self.cut_at = now
+        self.ok_since_cut = 0
         if closed:
             # Nothing accepted since the last cut: the server is closed for
             # now. Wait, longer each time, rather than knock again and again.
@@ -348,18 +381,54 @@ class AdaptiveState(SlotState):
             edge = min(edge, (old or edge) * config.overload_cut)
         else:
             self.empty = 0
+            if slow:
+                # The count waits for the answers of what was in flight
+                # (see _refine); until then, no faster than the target held
+                # so far nor than the estimate.
+                assert latency is not None
+                self.refine_at = now + 1.5 * latency
+                self.refine_for, self.refine_wait, self.refine_phase = sent_at, wait, self.phase
+                estimate = max(edge, 0.01)
+                self._pause_for_excess(sent, estimate, now, 0.0)
+                self.rate = min(self.rate, self.target, estimate)
+                self.phase, self.phase_at = "measure", now
+                self.reason = f"adaptive: throttled at {sent:.3g}/s, measuring the edge"
+                return
         if edge <= 0:
             edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
+        self._set_edge(scope, edge, sent, wait, now, pause, self.phase)
+
+    def _pause_for_excess(self, sent: float, edge: float, now: float, pause: float) -> None:
+        """Block until the server's window has let go of what went out above the edge."""
+        excess = (sent - edge) * _EDGE_HORIZON
+        if excess > 0:
+            pause = max(pause, min(_EDGE_HORIZON, excess / edge))
+        if pause:
+            self.blocked_until = max(self.blocked_until, now + pause)
+
+    def _set_edge(
+        self,
+        scope: ScopeView,
+        edge: float,
+        sent: float,
+        wait: float,
+        now: float,
+        pause: float,
+        phase: str,
+    ) -> None:
+        """A throttle in ``phase`` measured the server's ``edge``: hold below it, so long."""
+        config = self.config
+        old = self.edge
         # The count varies by a request with how sends cross the second's
         # boundary on their way: within that (and 7 %) it confirms the edge,
         # and the edge stays what the server has let through.
         confirmed = old is not None and abs(edge - old) <= max(
-            0.07 * old, min(1.0 / horizon, 0.15 * old)
+            0.07 * old, min(1.0 / _EDGE_HORIZON, 0.15 * old)
         )
         if confirmed:
             assert old is not None
             edge = max(edge, old)
-        if confirmed and self.phase in ("recover", "hold"):
+        if confirmed and phase in ("recover", "hold"):
             # Refused while holding below an edge that has not moved: the
             # sends reach the server less evenly than they leave (a busy
             # client or network). Hold further below; it narrows again per
@@ -370,18 +439,11 @@ class AdaptiveState(SlotState):
         self.hold_for = min(config.max_hold, max(hold, wait / _PROBE_COST))
         self.edge = edge
         self.target = edge * (1.0 - self.margin)
-        # Pause until the server's window has let go of what went out above the edge.
-        excess = (sent - edge) * horizon
-        if excess > 0:
-            pause = max(pause, min(horizon, excess / edge))
-        if pause:
-            self.blocked_until = max(self.blocked_until, now + pause)
+        self._pause_for_excess(sent, edge, now, pause)
         # A confirmed edge is known: resume at the target; a new one from below it.
         self.rate = self.target if confirmed else min(self.target, edge * 0.9)
         self.phase = "recover"
         self.phase_at = max(now, self.blocked_until)
-        self.cut_at = now
-        self.ok_since_cut = 0
         self.reason = (
             f"adaptive: throttled at {sent:.3g}/s, edge {edge:.3g}/s, holding {self.hold_for:g} s"
         )
@@ -394,6 +456,17 @@ class AdaptiveState(SlotState):
             self.rate,
             self.hold_for,
         )
+
+    def _refine(self, scope: ScopeView, now: float) -> None:
+        """Count the edge of the last throttle, now that what was in flight then has answered."""
+        self.refine_at = INF
+        sent_at = self.refine_for
+        horizon = _EDGE_HORIZON
+        edge = self._measured(sent_at - horizon, sent_at, accepted=True)
+        if edge <= 0:
+            return
+        sent = self._measured(sent_at - horizon, sent_at, accepted=False)
+        self._set_edge(scope, edge, sent, self.refine_wait, now, 0.0, self.refine_phase)
 
     def _reopened(self, scope: ScopeView, sent_at: float, now: float) -> None:
         """The server accepts again after refusing through two or more pauses.
@@ -473,7 +546,7 @@ class AdaptiveState(SlotState):
         elapsed = now - phase_at
         sent = self._measured(now - 1.0, now, accepted=False)
         ceiling = max(2.0 * sent, self.config.start_rate)  # no burst earned while idle
-        if self.phase == "stated":
+        if self.phase in ("stated", "measure"):
             return
         if self.phase == "start":
             if elapsed >= 0.5:
@@ -523,8 +596,13 @@ class AdaptiveState(SlotState):
             return
         if scope.in_flight >= limit / 2:
             self.round_busy = True
+        if not self.round:
+            self.round_at = now
         self.round.append(latency)
-        if len(self.round) < max(_ROUND, limit):
+        size = len(self.round)
+        if size < max(_ROUND_FEWEST, limit) or (
+            size < max(_ROUND, limit) and now - self.round_at < _ROUND_TIME
+        ):
             return
         median = sum(self.round) / len(self.round)  # the round's mean latency
         busy = self.round_busy
