@@ -445,6 +445,7 @@ async def test_a_fast_path_permit_answers_like_any_other() -> None:
     async with limiter.acquire(url):  # the general path: the scope and its URL are new
         pass
     async with limiter.acquire(url) as permit:
+        assert type(permit._lease) is tuple  # the fast path took it: no ticket yet
         assert permit.scopes == {"fast.example": 1.0}
         assert permit.granted_at <= anyio.current_time()
         assert "fast.example" in repr(permit)

@@ -18,6 +18,7 @@ from types import TracebackType
 import anyio
 
 from .. import _clock
+from .._clock import current_task as _current_task
 from .._clock import now as _now
 from .._clock import now_or_monotonic
 from .._controller import Feedback
@@ -56,14 +57,20 @@ class MemoryPermit(Permit):
     async def __aenter__(self) -> Permit:
         loop, clock = _clock._running
         if loop is not None and loop._thread_id == _get_ident():
-            task = _tasks.get(loop)
-            held = self._limiter._held
-            # A task that holds a permit of this limiter may be nesting: general path.
-            if task is not None and task not in held and self._grant_now(clock()):
-                if self._encloses:
-                    self._task = task
-                    held[task] = self
-                return self
+            task = _tasks.get(loop)  # the running asyncio loop's task, read directly
+            now = clock()
+        else:
+            task = None
+        if task is None:  # trio, or an asyncio loop that _clock has not cached
+            task = _current_task()
+            now = _now()
+        held = self._limiter._held
+        # A task that holds a permit of this limiter may be nesting: general path.
+        if task is not None and task not in held and self._grant_now(now):
+            if self._encloses:
+                self._task = task
+                held[task] = self
+            return self
         return await super().__aenter__()
 
     def _enter_nowait(self) -> None:
