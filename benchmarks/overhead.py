@@ -236,6 +236,32 @@ async def _memory_per_scope(count: int, policy: ScopePolicy) -> dict[str, float]
     }
 
 
+def _peer_loops(hosts: list[str]) -> dict[str, OpLoop]:
+    """The peers doing the same round-robin: one limiter per host in a dict, by host."""
+    count = len(hosts)
+    semaphores = {host: asyncio.Semaphore(1_000_000_000) for host in hosts}
+
+    async def semaphore_loop(n: int) -> None:
+        for i in range(n):
+            async with semaphores[hosts[i % count]]:
+                pass
+
+    loops: dict[str, OpLoop] = {"asyncio.Semaphore": semaphore_loop}
+    try:
+        from aiolimiter import AsyncLimiter
+    except ImportError:
+        return loops
+    limiters = {host: AsyncLimiter(1_000_000_000, 1.0) for host in hosts}
+
+    async def aiolimiter_loop(n: int) -> None:
+        for i in range(n):
+            async with limiters[hosts[i % count]]:
+                pass
+
+    loops["aiolimiter"] = aiolimiter_loop
+    return loops
+
+
 async def _scopes(config: RunConfig, result: SuiteResult) -> None:
     sizes = (1, 1_000, 5_000) if config.quick else (1, 10_000, 100_000)
     loops: dict[str, OpLoop] = {}
@@ -243,7 +269,10 @@ async def _scopes(config: RunConfig, result: SuiteResult) -> None:
         limiter = Limiter(concurrency=None, default=NO_DELAY, max_scopes=max(100_000, size))
         urls = _urls(size)
         await _fill(limiter, urls)
-        loops[f"{size:,} scopes"] = _scope_loop(limiter, urls)
+        loops[f"throttlekit|{size}"] = _scope_loop(limiter, urls)
+        hosts = [f"h{i}.example.com" for i in range(size)]
+        for label, loop in _peer_loops(hosts).items():
+            loops[f"{label}|{size}"] = loop
     timings = await measure_loops(loops, config)
     del loops
     gc.collect()
@@ -257,13 +286,16 @@ async def _scopes(config: RunConfig, result: SuiteResult) -> None:
             "default ScopePolicy()": await _memory_per_scope(size, ScopePolicy()),
         }
 
-    base = timings[f"{sizes[0]:,} scopes"].median_ns
+    def median(label: str, size: int) -> float:
+        return timings[f"{label}|{size}"].median_ns
+
+    base = median("throttlekit", sizes[0])
     table = Table(
         "throttlekit at many scopes (round-robin acquire(url) over the scopes)",
         ["scopes", "median", "vs 1 scope", "bytes/idle scope (no-delay)", "(default policy)"],
     )
     for size in sizes:
-        med = timings[f"{size:,} scopes"].median_ns
+        med = median("throttlekit", size)
         mem = memory.get(size)
         table.add(
             f"{size:,}",
@@ -273,25 +305,43 @@ async def _scopes(config: RunConfig, result: SuiteResult) -> None:
             f"{mem['default ScopePolicy()']['bytes_per_scope']:.0f}" if mem else "-",
         )
     result.tables.append(table)
+    labels = ["throttlekit"] + [
+        label for label in ("asyncio.Semaphore", "aiolimiter") if f"{label}|1" in timings
+    ]
+    largest = sizes[-1]
+    growth = {label: median(label, largest) / median(label, sizes[0]) for label in labels}
+    peers = Table(
+        "The same round-robin for the peers: one limiter per host in a dict, looked up by host",
+        ["limiter", *(f"{size:,} key{'s' * (size > 1)}" for size in sizes), f"{largest:,} vs 1"],
+    )
+    for label in labels:
+        peers.add(label, *(fmt_ns(median(label, size)) for size in sizes), fmt_ratio(growth[label]))
+    result.tables.append(peers)
     any_mem = next(iter(memory.values()))["no-delay policy"]
     result.notes.append(
         f"A ScopeLedger object itself is {any_mem['ledger_object_bytes']:.0f} bytes "
         "(sys.getsizeof); the rest of a scope's cost is its name, its entries in the "
         "limiter's scope map, idle heap and URL-to-host cache, and per-policy state."
     )
-    top_ns = timings[f"{sizes[-1]:,} scopes"].median_ns
+    top_ns = median("throttlekit", largest)
     result.notes.append(
-        f"At {sizes[-1]:,} scopes an operation costs {fmt_ns(top_ns - base)} more than at one "
+        f"At {largest:,} scopes an operation costs {fmt_ns(top_ns - base)} more than at one "
         "scope. Every URL stays in the limiter's URL-to-host cache (131,072 entries), so "
         "nothing is parsed again; what grows is memory latency: a round-robin over that "
-        "many scopes finds the cache entry, the scope map entry and the ledger outside the "
-        "CPU caches on every operation."
+        "many scopes finds the URL's cache entry, the scope map entry and the ledger "
+        "outside the CPU caches on every operation. The peers pay the same kind of cost "
+        "for their one dict entry and limiter object per host."
     )
-    result.data["per_op"] = {str(size): timings[f"{size:,} scopes"].to_json() for size in sizes}
+    result.data["per_op"] = {str(size): timings[f"throttlekit|{size}"].to_json() for size in sizes}
+    result.data["peers"] = {
+        label: {str(size): timings[f"{label}|{size}"].to_json() for size in sizes}
+        for label in labels
+        if label != "throttlekit"
+    }
+    result.data["growth"] = growth
     result.data["memory"] = {str(size): value for size, value in memory.items()}
 
-    largest = sizes[-1]
-    top = timings[f"{largest:,} scopes"].median_ns
+    top = median("throttlekit", largest)
     result.targets.append(
         Target(
             f"per-op cost at {largest:,} scopes",
@@ -300,6 +350,16 @@ async def _scopes(config: RunConfig, result: SuiteResult) -> None:
             top / base <= 1.1,
         )
     )
+    semaphores = growth.get("asyncio.Semaphore")
+    if semaphores is not None:
+        result.notes.append(
+            f"Against the peers: from 1 to {largest:,} keys, throttlekit's per-op cost grows "
+            f"{growth['throttlekit']:.2f}x and a dict of asyncio.Semaphores' "
+            f"{semaphores:.2f}x"
+            + (f", aiolimiter's {growth['aiolimiter']:.2f}x" if "aiolimiter" in growth else "")
+            + f": throttlekit's growth is {growth['throttlekit'] / semaphores:.2f}x the "
+            "Semaphores'. No limiter that keeps state per key is flat here."
+        )
     worst = max(
         per_policy["default ScopePolicy()"]["bytes_per_scope"] for per_policy in memory.values()
     )
@@ -318,9 +378,10 @@ def run_scopes(config: RunConfig) -> SuiteResult:
         "scopes",
         "Many scopes: per-op cost and memory",
         "throttlekit with 1, 10,000 and 100,000 distinct host scopes: the per-op cost "
-        "of acquire(url)+release round-robin over the scopes, and the memory an idle "
-        "scope costs (tracemalloc growth after creating N scopes, divided by N), for a "
-        "no-delay policy and for the default ScopePolicy().",
+        "of acquire(url)+release round-robin over the scopes, next to peers doing the "
+        "same with one limiter per host, and the memory an idle scope costs "
+        "(tracemalloc growth after creating N scopes, divided by N), for a no-delay "
+        "policy and for the default ScopePolicy().",
     )
     asyncio.run(_scopes(config, result))
     return result
