@@ -114,6 +114,13 @@ async def _uncontended(config: RunConfig, result: SuiteResult) -> None:
         "counts per operation, over 1,000 operations after a warmup: a regression in "
         "the fast path shows there even when the timings are noisy."
     )
+    result.notes.append(
+        "Besides a Semaphore's counter, throttlekit's uncontended acquire finds the URL's "
+        "scope (a dict of recent URLs), reads the clock, checks the scope's concurrency, "
+        "delay and server block and the global cap, and, in 'async with', records the "
+        "permit with its task so that acquires nested in the block share its scopes; "
+        "acquire_nowait records nothing (nothing nests in a 'with' block)."
+    )
 
     ours = timings.get("throttlekit")
     aio = timings.get("aiolimiter")
