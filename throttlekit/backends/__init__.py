@@ -38,7 +38,14 @@ class Lease(Protocol):
 
 
 class Backend(Protocol):
-    """The seam between :class:`~throttlekit.Limiter` and the state it throttles with."""
+    """The seam between :class:`~throttlekit.Limiter` and the state it throttles with.
+
+    A backend may also have a ``permit_type`` attribute: the
+    :class:`~throttlekit.Permit` subclass its limiter hands out, for a fast
+    path of its own (the in-memory backend's
+    :class:`~throttlekit.backends.memory.MemoryPermit`). Without one the
+    limiter hands out plain permits, which only call the methods below.
+    """
 
     def bind(self, local: MemoryBackend) -> None:
         """Called once by the limiter with its in-memory backend (policies, global cap)."""
