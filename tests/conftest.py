@@ -29,40 +29,26 @@ is available inside it as ``trio.lowlevel.current_clock()``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import trio.testing
+from _virtual import AnyioBackend, backend
 
 #: The Redis backend's tests share a real redis-server fixture (``tests/_redis.py``).
 pytest_plugins = ("_redis",)
 
-#: What ``anyio_backend`` returns: a backend name, or ``(name, options)``.
-AnyioBackend = str | tuple[str, dict[str, Any]]
-
-ANYIO_BACKENDS = ("asyncio", "trio", "trio_virtual")
-
-
-def _virtual_trio() -> tuple[str, dict[str, Any]]:
-    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-
 
 @pytest.fixture
-def trio_virtual() -> tuple[str, dict[str, Any]]:
+def trio_virtual() -> AnyioBackend:
     """A trio backend on a fresh ``MockClock(autojump_threshold=0)`` (virtual time)."""
-    return _virtual_trio()
+    return backend("trio_virtual")
 
 
 @pytest.fixture(params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])
 def anyio_backend(request: pytest.FixtureRequest) -> AnyioBackend:
     """The async backend of ``@pytest.mark.anyio`` tests: asyncio and trio by default.
 
-    Parametrize it indirectly with ``"asyncio"``, ``"trio"`` or
-    ``"trio_virtual"`` (trio on a fresh autojumping ``MockClock``) to choose.
+    Parametrize it indirectly with ``"asyncio"``, ``"trio"``,
+    ``"asyncio_virtual"`` (asyncio on a ``VirtualEventLoop``) or
+    ``"trio_virtual"`` (trio on a fresh autojumping ``MockClock``) to choose
+    (see ``tests/_virtual.py``).
     """
-    name = request.param
-    if name == "trio_virtual":
-        return _virtual_trio()
-    if name not in ANYIO_BACKENDS:
-        raise ValueError(f"unknown anyio_backend {name!r}; use one of {ANYIO_BACKENDS}")
-    return str(name)
+    return backend(str(request.param))

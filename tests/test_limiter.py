@@ -22,6 +22,7 @@ import anyio.lowlevel
 import attrs
 import httpx
 import pytest
+from _virtual import until
 
 import throttlekit
 from throttlekit import (
@@ -47,15 +48,6 @@ virtual_and_asyncio = pytest.mark.parametrize(
     "anyio_backend", ["asyncio", "trio_virtual"], indirect=True
 )
 virtual = pytest.mark.parametrize("anyio_backend", ["trio_virtual"], indirect=True)
-
-
-async def until(condition: Callable[[], bool], *, limit: int = 10_000) -> None:
-    """Let other tasks run until ``condition()`` holds (without moving virtual time)."""
-    for _ in range(limit):
-        if condition():
-            return
-        await anyio.lowlevel.checkpoint()
-    raise AssertionError("condition never became true")
 
 
 def assert_idle(limiter: Limiter) -> None:

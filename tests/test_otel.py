@@ -22,8 +22,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-import trio.testing
 from _server import LocalServer, Reply
+from _virtual import AnyioBackend, backend
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -38,7 +38,7 @@ from throttlekit import (
 )
 from throttlekit.otel import _WAIT_BUCKETS as WAIT_BUCKETS
 from throttlekit.otel import LimiterMetrics, instrument
-from throttlekit.testing import FlakyServer, QuotaServer, VirtualEventLoop, burst, simulate
+from throttlekit.testing import FlakyServer, QuotaServer, burst, simulate
 
 pytestmark = pytest.mark.anyio
 
@@ -58,17 +58,10 @@ def policy(**fields: Any) -> ScopePolicy:
     return ScopePolicy(**fields)
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {"loop_factory": VirtualEventLoop}), id="asyncio_virtual"),
-        pytest.param("trio_virtual", id="trio_virtual"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
+@pytest.fixture(params=["asyncio_virtual", "trio_virtual"])
+def anyio_backend(request: pytest.FixtureRequest) -> AnyioBackend:
     """Virtual time on both backends (or, parametrized indirectly, ``"asyncio"``/``"trio"``)."""
-    if request.param == "trio_virtual":
-        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-    return request.param
+    return backend(str(request.param))
 
 
 class Metrics:

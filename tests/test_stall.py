@@ -6,30 +6,21 @@ and on trio (``MockClock``), both in virtual time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
-import trio.testing
+from _virtual import AnyioBackend, backend, until
 
 import throttlekit
 from throttlekit import ScopePolicy, ScopeStalled, ThrottlekitError
-from throttlekit.testing import VirtualEventLoop
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {"loop_factory": VirtualEventLoop}), id="asyncio_virtual"),
-        pytest.param("trio_virtual", id="trio_virtual"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
+@pytest.fixture(params=["asyncio_virtual", "trio_virtual"])
+def anyio_backend(request: pytest.FixtureRequest) -> AnyioBackend:
     """Virtual time on both backends."""
-    if request.param == "trio_virtual":
-        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-    return request.param
+    return backend(str(request.param))
 
 
 URL = "https://api.example/v1"
@@ -132,15 +123,6 @@ def test_max_stall_from_settings() -> None:
 
 
 # -- requests already waiting when the scope stalls ---------------------------------------------
-
-
-async def until(condition: Callable[[], bool], *, limit: int = 10_000) -> None:
-    """Let other tasks run until ``condition()`` holds (without moving virtual time)."""
-    for _ in range(limit):
-        if condition():
-            return
-        await anyio.lowlevel.checkpoint()
-    raise AssertionError("condition never became true")
 
 
 def assert_idle(limits: throttlekit.Limiter) -> None:
