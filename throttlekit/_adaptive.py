@@ -39,7 +39,7 @@ _QUEUE_HIGH = 4.0
 #: with the 2 % headroom and some unevenness, 95 % of the edge or more.
 _PROBE_COST = 0.015
 #: The widest the margin below the edge grows when refusals come while holding.
-_MAX_MARGIN = 0.1
+_MAX_MARGIN = 0.5
 #: The latencies of one round: enough for a stable mean of varied service times, or,
 #: when they come slowly, at least the fewer ones of ``_ROUND_TIME`` seconds.
 _ROUND = 30
@@ -76,7 +76,7 @@ class Adaptive:
       and it searches upward as at the start. A refusal while holding means
       the limit dropped (the edge is measured again at once), or, if the
       edge has not moved, that sends reach the server unevenly (the margin
-      below the edge doubles, up to 10 %). Refusals of requests sent within
+      below the edge doubles, up to half). Refusals of requests sent within
       a second of the last cut are echoes of it. A server that stays closed
       through pauses longer than it was open has a long window: the rate
       becomes what got through over the time it took to reopen. The rate
@@ -163,6 +163,7 @@ class AdaptiveState(SlotState):
         "refine_for",
         "refine_phase",
         "refine_wait",
+        "resumed_at",
         "round",
         "round_at",
         "round_busy",
@@ -195,6 +196,7 @@ class AdaptiveState(SlotState):
         self.run_at: float | None = None  # when sending last began or reopened after a closure
         self.run_ok = 0  # requests sent since then and accepted
         self.closed_at = -INF  # when the server last closed (refusing through pauses)
+        self.resumed_at = INF  # when sending resumed after the last pause (inf: not yet sent)
         self.blocked_until = -INF
         # [sent_at, accepted (1 or 0)] of answered sends, oldest first.
         self.sends: list[list[float]] = []  # [sent_at, 1 or 0]
@@ -239,7 +241,7 @@ class AdaptiveState(SlotState):
         if self.phase_at is None:
             self.phase_at = sent_at
         if self.run_at is None:
-            self.run_at = sent_at
+            self.run_at = self.resumed_at = sent_at
         info = feedback.rate_limit
         if info is not None and info.limit is not None and info.window is not None:
             self._stated_quota(scope, info.limit / info.window, now)
@@ -359,6 +361,17 @@ class AdaptiveState(SlotState):
             flying = round(flying * min(1.0, horizon / latency))
         sent = self._measured(sent_at - horizon, sent_at, accepted=False, extra=flying)
         edge = self._measured(sent_at - horizon, sent_at, accepted=True, extra=flying)
+        if (
+            not slow
+            and self.phase in ("recover", "hold")
+            and sent_at - 2 * horizon >= self.resumed_at
+        ):
+            # Two seconds of sending without a pause: on fixed windows the
+            # last second can hold the end of one window and the start of
+            # the next (up to twice the limit); the two seconds' mean cannot.
+            edge = min(
+                edge, self._measured(sent_at - 2 * horizon, sent_at, accepted=True, extra=flying)
+            )
         pause = 0.0
         old = self.edge
         closed = self.cut_at > -INF and self.ok_since_cut == 0
@@ -392,11 +405,13 @@ class AdaptiveState(SlotState):
                 self._pause_for_excess(sent, estimate, now, 0.0)
                 self.rate = min(self.rate, self.target, estimate)
                 self.phase, self.phase_at = "measure", now
+                self.resumed_at = max(now + wait, self.blocked_until)
                 self.reason = f"adaptive: throttled at {sent:.3g}/s, measuring the edge"
                 return
         if edge <= 0:
             edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
         self._set_edge(scope, edge, sent, wait, now, pause, self.phase)
+        self.resumed_at = max(now + wait, self.blocked_until)
 
     def _pause_for_excess(self, sent: float, edge: float, now: float, pause: float) -> None:
         """Block until the server's window has let go of what went out above the edge."""
@@ -522,7 +537,7 @@ class AdaptiveState(SlotState):
         self.phase = "hold"
         self.phase_at = now
         self.hold_for = config.hold
-        self.cut_at = now
+        self.cut_at = self.resumed_at = now
         self.ok_since_cut = 0
         limit = self.concurrency if self.concurrency is not None else max(1, scope.in_flight)
         self.concurrency = max(1, int(limit * config.overload_cut))
