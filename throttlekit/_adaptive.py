@@ -268,11 +268,7 @@ class AdaptiveState(SlotState):
             and feedback.status < 500
             and feedback.adjust_delay
         ):
-            latency = feedback.latency
-            if math.isfinite(latency) and latency >= 0:
-                mean = self.latency
-                self.latency = latency if mean is None else mean + 0.1 * (latency - mean)
-            self._latency_sample(scope, latency, now)
+            self._latency_sample(scope, feedback.latency, now)
         if now >= self.refine_at:
             self._refine(scope, now)
         self._advance(scope, now)
@@ -306,10 +302,7 @@ class AdaptiveState(SlotState):
         else:  # answers arrive out of send order
             bisect.insort(sends, entry)
         horizon = sends[-1][0] - 2 * _EDGE_HORIZON - 2 * (self.latency or 0.0)
-        drop = 0
-        while drop < len(sends) and sends[drop][0] < horizon:
-            drop += 1
-        drop = max(drop, len(sends) - _SENDS)
+        drop = max(bisect.bisect_left(sends, [horizon]), len(sends) - _SENDS)
         if drop:
             del sends[:drop]
 
@@ -347,6 +340,14 @@ class AdaptiveState(SlotState):
     def _on_throttle(self, scope: ScopeView, sent_at: float, now: float, wait: float) -> None:
         config = self.config
         horizon = _EDGE_HORIZON
+        closed = self.cut_at > -INF and self.ok_since_cut == 0
+        if sent_at - self.cut_at < horizon:
+            # An echo: the server's window still holds sends from before the
+            # cut, so it measures nothing. If nothing got through since, let
+            # the window turn over before sending again.
+            if closed:
+                self.blocked_until = max(self.blocked_until, self.cut_at + horizon)
+            return
         # What the server accepted in the second before the refused send:
         # those that answered, and (about) those still in flight. On a
         # sliding one-second window that count is the server's limit; on a
@@ -373,15 +374,6 @@ class AdaptiveState(SlotState):
                 edge, self._measured(sent_at - 2 * horizon, sent_at, accepted=True, extra=flying)
             )
         pause = 0.0
-        old = self.edge
-        closed = self.cut_at > -INF and self.ok_since_cut == 0
-        if sent_at - self.cut_at < horizon:
-            # An echo: the server's window still holds sends from before the
-            # cut, so it measures nothing. If nothing got through since, let
-            # the window turn over before sending again.
-            if closed:
-                self.blocked_until = max(self.blocked_until, self.cut_at + horizon)
-            return
         self.cut_at = now
         self.ok_since_cut = 0
         if closed:
@@ -391,7 +383,7 @@ class AdaptiveState(SlotState):
                 self.closed_at = self.cut_at
             self.empty += 1
             pause = min(config.max_hold, 0.5 * 2.0**self.empty)
-            edge = min(edge, (old or edge) * config.overload_cut)
+            edge = min(edge, (self.edge or edge) * config.overload_cut)
         else:
             self.empty = 0
             if slow:
@@ -604,6 +596,8 @@ class AdaptiveState(SlotState):
     def _latency_sample(self, scope: ScopeView, latency: float, now: float) -> None:
         if not math.isfinite(latency) or latency < 0:
             return
+        mean = self.latency
+        self.latency = latency if mean is None else mean + 0.1 * (latency - mean)
         if now - self.rtt_epoch >= _RTT_EPOCH:
             self.rtt_prev, self.rtt_min, self.rtt_epoch = self.rtt_min, INF, now
         limit = self.concurrency
