@@ -99,9 +99,20 @@ local function load_state(key, p)
   return st
 end
 
+-- Let `key` live at least `ms` more. Its expiry is only ever pushed back, and
+-- then `slack` ms further, so that a busy key is not given a new expiry (a
+-- write) on every call: PTTL is a read.
+local function extend(key, ms, slack)
+  local left = redis.call('PTTL', key)
+  if left >= ms then return end  -- (-1: no expiry yet; -2: no key, PEXPIRE does nothing)
+  redis.call('PEXPIRE', key, math.ceil(ms + slack))
+end
+
+-- The state outlives its last use by the state ttl (up to an eighth more),
+-- and any block, pending send or turn it holds.
 local function keep_state(key, st, now, ttl)
   local keep = math.max(ttl, st.blk - now, (st.next or 0) - now, st.turn - now)
-  redis.call('PEXPIRE', key, math.ceil(keep) + 1000)
+  extend(key, math.ceil(keep) + 1000, ttl / 8)
 end
 
 -- What the controllers of a scope need to run: {index, in flight, version,
@@ -130,7 +141,7 @@ local function write_state(key, st, limits, ctl, now, ttl)
   keep_state(key, st, now, ttl)
 end
 
--- The key expires with its last lease.
+-- The key expires with its last lease (renewals: they may shorten its expiry).
 local function expire_leases(key, now)
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if last[2] then redis.call('PEXPIRE', key, math.ceil(tonumber(last[2]) - now) + 1000) end
@@ -180,41 +191,46 @@ end
 
 #: Try to take a lease on every scope at once.
 #:
-#: ARGV: clock, lease id, settings (``lease ms,reserve-ahead ms,state ttl
-#: ms,release recheck ms``), the turn this caller was given last (ms, 0 =
-#: none; a value Redis handed out, not a client clock); then per scope: cost,
-#: a uniform random number in [0, 1) for the jitter, the leases the caller
-#: holds that Redis may not count (granted while it was away), and the
-#: packed policy.
-#: Replies ``{1, wait_ms, send_at_ms, now_ms, <controller states>...}``
-#: (granted: send after ``wait_ms``; the states, seven values each, of the
-#: scopes whose controllers must run ``on_send`` now, see
-#: ``controller_state``) or ``{0, wait_ms, scope_index, reason, now_ms[,
-#: turn_ms, reopens_ms, cause, delay]}`` with reason 1 = concurrency full
-#: (wait for a release or the earliest lease expiry), 2 = delay, slot delay,
-#: quota or server block (try again after ``wait_ms``; the blocking scope
-#: reopens, slot delays aside, after ``reopens_ms`` because of cause 1 = a
-#: server block, 2 = its quota, 3 = its delay, which is ``delay`` seconds),
-#: 3 = this lease id was handed back already.
+#: ARGV: clock, lease id, lease ms, reserve-ahead ms, state ttl ms, release
+#: recheck ms, the turn this caller was given last (ms, 0 = none; a value
+#: Redis handed out, not a client clock); then per scope: cost, a uniform
+#: random number in [0, 1) for the jitter, the leases the caller holds that
+#: Redis may not count (granted while it was away), and the packed policy.
+#: Replies ``"1,wait_ms,send_at_ms,now_ms"`` (granted: send after
+#: ``wait_ms``; one string, the cheapest reply to read), or the same as a
+#: list followed by the states, seven values each, of the scopes whose
+#: controllers must run ``on_send`` now (see ``controller_state``), or
+#: ``{0, wait_ms, scope_index, reason, now_ms[, turn_ms, reopens_ms, cause,
+#: delay]}`` with reason 1 = concurrency full (wait for a release or the
+#: earliest lease expiry), 2 = delay, slot delay, quota or server block (try
+#: again after ``wait_ms``; the blocking scope reopens, slot delays aside,
+#: after ``reopens_ms`` because of cause 1 = a server block, 2 = its quota, 3
+#: = its delay, which is ``delay`` seconds), 3 = this lease id was handed
+#: back already.
+#:
+#: An uncontended grant makes eight calls: TIME, the tombstone and retry
+#: checks, the state, the live leases (only with a concurrency limit), the
+#: lease, the bookkeeping, and the two expiry checks (an expiry is written
+#: only when it must move).
 ACQUIRE = (
     _COMMON
     + r"""
 local now = clock()
+local now_text = f(now)
 local lease_id = ARGV[2]
-local settings = split(ARGV[3])
-local lease_ms, reserve = tonumber(settings[1]), tonumber(settings[2])
-local ttl, recheck = tonumber(settings[3]), tonumber(settings[4])
-local myturn = tonumber(ARGV[4])
-local n = (#ARGV - 4) / 4
+local lease_ms, reserve = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ttl, recheck = tonumber(ARGV[5]), tonumber(ARGV[6])
+local myturn = tonumber(ARGV[7])
+local n = (#ARGV - 7) / 4
 
 -- A call that its caller gave up on (cancelled while the request was on its
 -- way) and that arrives after the hand-back must not grant anything.
-if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {0, '0', 1, 3, f(now)} end
+if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {0, '0', 1, 3, now_text} end
 -- A retried call (the reply was lost) returns the grant it already made.
 local held = redis.call('ZSCORE', KEYS[1], lease_id)
 if held then
   local t = tonumber(held) - lease_ms
-  return {1, f(math.max(0, t - now)), f(t), f(now)}
+  return '1,' .. f(math.max(0, t - now)) .. ',' .. f(t) .. ',' .. now_text
 end
 
 local scopes = {}
@@ -223,24 +239,27 @@ local reopens, cause, delay_text = now, 3, '0'
 local pacing = 0
 for i = 1, n do
   local k = (i - 1) * 6
-  local b = 5 + (i - 1) * 4
+  local b = 8 + (i - 1) * 4
   local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
              C = KEYS[k + 5], cost = tonumber(ARGV[b]), u = tonumber(ARGV[b + 1])}
   local extra = tonumber(ARGV[b + 2])
   local p = read_policy(ARGV[b + 3])
   s.p = p
-  redis.call('ZREMRANGEBYSCORE', s.L, '-inf', f(now))
-  s.inflight = redis.call('ZCARD', s.L)
   local st = load_state(s.S, p)
   s.st = st
-  if st.conc > 0 and s.inflight + extra >= st.conc then
-    -- Full: wait for a release, or the earliest lease expiry (or, full with
-    -- leases Redis does not hold, look again soon).
-    local first = redis.call('ZRANGE', s.L, 0, 0, 'WITHSCORES')
-    local wait = 50
-    if first[2] and s.inflight >= st.conc then wait = tonumber(first[2]) - now end
-    redis.call('SET', KEYS[k + 6], '1', 'PX', math.ceil(recheck) + 1000)
-    return {0, f(wait), i, 1, f(now)}
+  if st.conc > 0 then
+    -- The live leases (releases drop the expired ones of crashed workers).
+    s.inflight = redis.call('ZCOUNT', s.L, '(' .. now_text, '+inf')
+    if s.inflight + extra >= st.conc then
+      -- Full: wait for a release, or the earliest lease expiry (or, full with
+      -- leases Redis does not hold, look again soon).
+      redis.call('ZREMRANGEBYSCORE', s.L, '-inf', now_text)
+      local first = redis.call('ZRANGE', s.L, 0, 0, 'WITHSCORES')
+      local wait = 50
+      if first[2] and s.inflight >= st.conc then wait = tonumber(first[2]) - now end
+      redis.call('SET', KEYS[k + 6], '1', 'PX', math.ceil(recheck) + 1000)
+      return {0, f(wait), i, 1, now_text}
+    end
   end
   -- When it reopens as far as time goes (ScopeLedger.reopens_at()), and why:
   -- 1 a server block, 2 its quota, 3 its delay.
@@ -290,32 +309,40 @@ if ready - now > reserve then
     redis.call('HSET', s.S, 'turn', f(turn))
     keep_state(s.S, st, now, ttl)
   end
-  return {0, f(math.max(0, turn - now - reserve)), blocker, 2, f(now), f(turn),
+  return {0, f(math.max(0, turn - now - reserve)), blocker, 2, now_text, f(turn),
           f(math.max(0, reopens - now)), cause, delay_text}
 end
 
 local t = math.max(now, ready)
-local reply = {1, f(t - now), f(t), f(now)}
+local t_text = f(t)
+local states = nil
 for i = 1, n do
   local s = scopes[i]
   local st = s.st
   redis.call('ZADD', s.L, f(t + lease_ms), lease_id)
-  expire_leases(s.L, now)
+  extend(s.L, math.ceil(t + lease_ms - now) + 1000, lease_ms)
   st.factor = 1 + st.jl
   if st.jl ~= st.jh then st.factor = 1 + (st.jl + (st.jh - st.jl) * s.u) end
   st.last = t
   st.next = t + st.delay * st.factor
   if s.nslots > 0 and s.nslots >= st.conc - s.inflight then redis.call('ZPOPMIN', s.T) end
-  redis.call('HSET', s.S, 'next', f(st.next), 'last', f(t), 'factor', g(st.factor))
+  redis.call('HSET', s.S, 'next', f(st.next), 'last', t_text, 'factor', g(st.factor))
   keep_state(s.S, st, now, ttl)
   if t >= st.due or st.fp ~= s.p.fp then
     -- The controllers must see this send (or rerun with this caller's policy).
-    local state = controller_state(i, s.S, st, s.inflight + 1)
-    for m = 1, #state do reply[#reply + 1] = state[m] end
+    local inflight = s.inflight
+    if inflight then
+      inflight = inflight + 1
+    else
+      inflight = redis.call('ZCOUNT', s.L, '(' .. now_text, '+inf')
+    end
+    local state = controller_state(i, s.S, st, inflight)
+    states = states or {}
+    for m = 1, #state do states[#states + 1] = state[m] end
   end
   local p = s.p
   if p.quota >= 0 then
-    redis.call('ZADD', s.Q, f(t), lease_id)
+    redis.call('ZADD', s.Q, t_text, lease_id)
     redis.call('HSET', s.C, lease_id, g(s.cost))
     redis.call('HINCRBYFLOAT', s.C, '=', g(s.cost))
     local keep = math.ceil(t - now + p.window) + 1000
@@ -323,6 +350,9 @@ for i = 1, n do
     redis.call('PEXPIRE', s.C, keep)
   end
 end
+if states == nil then return '1,' .. f(t - now) .. ',' .. t_text .. ',' .. now_text end
+local reply = {1, f(t - now), t_text, now_text}
+for m = 1, #states do reply[#reply + 1] = states[m] end
 return reply
 """
 )
@@ -374,8 +404,8 @@ return reply
 #: carries no write, or a write's version moved, nothing changes and the
 #: reply is ``{0, now_ms, <controller states>...}`` (run them, then call
 #: again). Otherwise every write is stored, the lease released, and the reply
-#: is ``{1, now_ms, found}``, ``found`` the number of scopes where the lease
-#: was still valid (fewer than the scopes: it had expired).
+#: is the string ``"1,now_ms,found"``, ``found`` the number of scopes where
+#: the lease was still valid (fewer than the scopes: it had expired).
 RELEASE = (
     _COMMON
     + r"""
@@ -396,14 +426,18 @@ for i = 1, n do
              consumed = tonumber(ARGV[b + 1]), want = tonumber(ARGV[b + 2]),
              p = read_policy(ARGV[b + 3]), ver = ARGV[b + 4], limits = ARGV[b + 5],
              ctl = ARGV[b + 6]}
-  s.st = load_state(s.S, s.p)
-  local stale
-  if s.ver ~= '' then
-    stale = s.st.ver ~= tonumber(s.ver)
-  else
-    stale = s.want == 2 or (s.want == 1 and s.st.ver > 0)
+  local stale = s.want == 2
+  if s.ver ~= '' or s.want == 1 or s.p.slot > 0 then
+    -- (A release without feedback or slot delay needs no state.)
+    s.st = load_state(s.S, s.p)
+    if s.ver ~= '' then
+      stale = s.st.ver ~= tonumber(s.ver)
+    elseif s.want == 1 then
+      stale = s.st.ver > 0
+    end
   end
   if stale then
+    s.st = s.st or load_state(s.S, s.p)
     local inflight = redis.call('ZCOUNT', s.L, '(' .. f(now), '+inf')
     local state = controller_state(i, s.S, s.st, inflight)
     for m = 1, #state do pending[#pending + 1] = state[m] end
@@ -413,6 +447,7 @@ end
 if #pending > 1 then return {0, unpack(pending)} end
 
 local found = 0
+local now_text = pending[1]
 for i = 1, n do
   local s = scopes[i]
   local st = s.st
@@ -420,7 +455,7 @@ for i = 1, n do
   local expiry = tonumber(redis.call('ZSCORE', s.L, lease_id))
   local removed = redis.call('ZREM', s.L, lease_id)
   if expiry and expiry > now then found = found + 1 end
-  redis.call('ZREMRANGEBYSCORE', s.L, '-inf', f(now))
+  redis.call('ZREMRANGEBYSCORE', s.L, '-inf', now_text)
   if used == 1 and removed == 1 and s.p.slot > 0 and st.conc > 0 then
     -- The freed slot remembers its send time (ScopeLedger.release()).
     local inflight = redis.call('ZCARD', s.L)
@@ -451,7 +486,7 @@ if used == 0 and found == 0 then
   -- its way, it must not grant (see ACQUIRE).
   redis.call('SET', KEYS[#KEYS], '1', 'PX', 60000)
 end
-return {1, f(now), found}
+return '1,' .. now_text .. ',' .. found
 """
 )
 
