@@ -26,7 +26,7 @@ from .._clock import now as _now
 from . import _redis_scripts as scripts
 from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
-from ._redis_link import UNAVAILABLE, Link, Script, describe_failure, time_bound
+from ._redis_link import UNAVAILABLE, Link, Script, Settle, describe_failure, time_bound
 from ._redis_state import PolicyArgs, feedback_write, parse_states, send_write
 
 if TYPE_CHECKING:
@@ -44,6 +44,9 @@ SUFFIXES: Final = ("L", "S", "T", "Q", "C", "W")
 GRACE: Final = 0.4
 #: Tries of a version-checked write before the feedback is dropped (a busy scope).
 _WRITE_TRIES: Final = 8
+#: A release waits for its reply when its lease may lapse within this many
+#: seconds (plus a tenth of ``lease_time``): the reply then says whether it had.
+_SURE: Final = 1.0
 
 #: When a scope that waits for time reopens, from now (seconds; slot delays
 #: aside), why (a ``STALL_*`` cause of :func:`throttlekit._ledger.scope_stalled`)
@@ -163,16 +166,26 @@ class ScriptCalls:
         return b"" if self.clock is None else ms(self.clock())
 
     async def call(
-        self, script: Script, keys: Sequence[bytes], args: Sequence[Any], deadline: float
+        self,
+        script: Script,
+        keys: Sequence[bytes],
+        args: Sequence[Any],
+        deadline: float,
+        *,
+        later: Settle | None = None,
     ) -> Any:
         """One round trip, over after ``command_timeout`` or at ``deadline`` (at least 0.4 s).
+
+        With ``later``, the reply may be left to the next call (see
+        :meth:`Link.call <._redis_link.Link.call>`): then ``None`` is returned.
 
         :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
         """
         bound = min(self.command_timeout, max(deadline - _now(), GRACE))
         async with time_bound(bound):  # (asyncio's own: a fraction of an anyio scope's cost)
-            reply = await self.link.call(script, keys, args)
-        self.link.answered()
+            reply = await self.link.call(script, keys, args, later=later)
+        if reply is not None:  # (a call sent without waiting proves nothing)
+            self.link.answered()
         return reply
 
     # -- acquiring -----------------------------------------------------------------
@@ -239,6 +252,7 @@ class ScriptCalls:
         # can tell: never before it, and never later than a full round trip.
         lease.send_at_ms = send_at_ms
         lease.send_at = min(after + wait, max(before + wait, send_at_ms / 1000.0 - self.offset))
+        lease.expires = before + wait + self.lease_time
         if len(reply) > 4:
             try:
                 await self._run_on_send(lease, packed, reply[4:], deadline)
@@ -292,8 +306,12 @@ class ScriptCalls:
     async def renew(self, lease: RedisLease, seconds: float) -> bool:
         """Extend ``lease`` to ``seconds`` from now; whether every scope still held it."""
         keys = lease.keys[0 : -1 : len(SUFFIXES)]
+        started = _now()
         count = await self.call(RENEW, keys, [self.now_arg(), lease.id, ms(seconds)], INF)
-        return int(count) == len(keys)
+        if int(count) != len(keys):
+            return False
+        lease.expires = max(lease.expires, started + seconds)
+        return True
 
     # -- releasing -----------------------------------------------------------------
 
@@ -321,8 +339,17 @@ class ScriptCalls:
         quiet: bool = False,
         deadline: float = INF,
     ) -> bool:
-        """The release round trip(s), with the controllers' feedback; whether Redis answered."""
-        deadline = min(deadline, _now() + self.release_timeout)
+        """The release round trip(s), with the controllers' feedback; whether Redis answered.
+
+        A release whose reply nobody needs now (no feedback for the
+        controllers, and its lease far from lapsing, so that the reply can
+        only say it was released) does not wait for it: it is sent on a kept
+        connection whose next call reads it (:meth:`_settled`). Had Redis not
+        run it, the lease is handed back by the next acquire, or lapses after
+        ``lease_time``.
+        """
+        now = _now()
+        deadline = min(deadline, now + self.release_timeout)
         names = list(lease.scopes)
         packed = [self.args(policy) for policy in lease.policies]
         if feedback is not None:
@@ -336,32 +363,42 @@ class ScriptCalls:
             self._ttl,
         ]
         fixed = []
+        wanted = False
         for scope, policy_args in zip(names, packed, strict=True):
             want = 0
             only = None if feedback is None else feedback.scopes
             if used and feedback is not None and (only is None or scope in only):
                 want = policy_args.wants(feedback)
+                wanted = True
             amount = b"-1"
             if consumed is not None and scope in consumed:
                 amount = repr(max(0.0, float(consumed[scope]))).encode()
             fixed.append((scope.encode(), amount, str(want), policy_args.packed))
+        later: Settle | None = None
+        if not quiet and not wanted and now < lease.expires - _SURE - 0.1 * self.lease_time:
+
+            def later(reply: Any) -> None:
+                self._settled(lease, reply)
+
         writes: dict[int, tuple[str, str, str]] = {}
-        now = None
+        feedback_at = None
         try:
             for _ in range(_WRITE_TRIES):
                 args = list(base)
                 for index, values in enumerate(fixed):
                     args += (*values, *writes.get(index, ("", "", "")))
                 self.release_calls += 1
-                reply = await self.call(RELEASE, lease.keys, args, deadline)
+                reply = await self.call(RELEASE, lease.keys, args, deadline, later=later)
+                if reply is None:
+                    return True  # sent; its reply is read by the next call
                 if type(reply) is bytes:  # released: "1,now,found"
                     break
-                if now is None:
-                    now = float(reply[1]) / 1000.0  # the feedback's time: the first reading
+                if feedback_at is None:
+                    feedback_at = float(reply[1]) / 1000.0  # the first reading
                 assert feedback is not None
                 for stored in parse_states(reply[2:]):
                     writes[stored.index] = feedback_write(
-                        names[stored.index], packed[stored.index], stored, feedback, now
+                        names[stored.index], packed[stored.index], stored, feedback, feedback_at
                     )
             else:
                 logger.warning(
@@ -372,19 +409,40 @@ class ScriptCalls:
                 return True
         except UNAVAILABLE as exc:
             if not quiet:
-                logger.warning(
-                    "could not release a lease on Redis at %s (%s); it is handed back when "
-                    "Redis answers again, or expires in %g s",
-                    self.link.location,
-                    describe_failure(exc),
-                    self.lease_time,
-                )
+                self._not_released(exc)
             return False
-        if used and int(reply.rsplit(b",", 1)[1]) < len(names):
+        if used:
+            self._check_found(names, reply)
+        return True
+
+    def _settled(self, lease: RedisLease, reply: Any) -> None:
+        """The reply of a release sent without waiting, read by a later call."""
+        if isinstance(reply, BaseException):
+            # Whether Redis ran it is unknown (or it did not: an error reply):
+            # hand the lease back with the next acquire.
+            if isinstance(reply, UNAVAILABLE):
+                self._not_released(reply)
+            else:
+                logger.debug("a release sent without waiting failed: %r", reply)
+            self.orphans.append(lease)
+        else:
+            self._check_found(list(lease.scopes), reply)
+
+    def _not_released(self, exc: BaseException) -> None:
+        logger.warning(
+            "could not release a lease on Redis at %s (%s); it is handed back when "
+            "Redis answers again, or expires in %g s",
+            self.link.location,
+            describe_failure(exc),
+            self.lease_time,
+        )
+
+    def _check_found(self, names: list[str], reply: bytes) -> None:
+        """Warn if a released lease had lapsed in some of its scopes."""
+        if int(reply.rsplit(b",", 1)[1]) < len(names):
             logger.warning(
                 "a lease on %s had expired before its release (held longer than "
                 "lease_time=%g s, or Redis lost it): raise lease_time or use keep_alive()",
                 sorted(names),
                 self.lease_time,
             )
-        return True

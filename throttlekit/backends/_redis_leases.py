@@ -34,6 +34,7 @@ class RedisLease:
     __slots__ = (
         "consumed",
         "epoch",
+        "expires",
         "feedback",
         "gate",
         "granted_at",
@@ -62,6 +63,7 @@ class RedisLease:
         self.send_at_ms = 0.0  # on Redis's clock
         self.send_at = 0.0  # on the limiter's clock
         self.granted_at = -INF
+        self.expires = -INF  # when the lease lapses at the earliest, on the limiter's clock
         self.released = False
         self.epoch = 0  # Holdings.epoch at the grant
         self.feedback: Feedback | None = None

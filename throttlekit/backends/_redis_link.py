@@ -15,7 +15,7 @@ import logging
 import math
 import sys
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import anyio
@@ -74,6 +74,13 @@ def describe_failure(exc: BaseException) -> str:
 
 #: Connections kept for reuse; more concurrent calls borrow from the pool.
 _KEEP: Final = 16
+#: Replies a kept connection may owe (calls sent without waiting) before a
+#: call on it waits for them all.
+_OWED: Final = 32
+
+#: What receives the reply of a call sent without waiting: the reply, or the
+#: exception that stood for it (an error reply, the connection lost, a cancel).
+Settle = Callable[[Any], None]
 
 
 def redact_url(url: str) -> str:
@@ -155,6 +162,12 @@ class Script:
         return f"<Script {self.sha[:8].decode()}>"
 
 
+def _fail(owed: list[Settle], exc: BaseException) -> None:
+    """The replies of ``owed`` will never be read: each call gets ``exc``."""
+    while owed:
+        owed.pop(0)(exc)
+
+
 class Link:
     """Script calls on kept connections, and whether Redis answers (for the failure policy).
 
@@ -174,36 +187,75 @@ class Link:
         self.down = False
         self.retry_at = -INF
         self._idle: list[Any] = []
+        #: Per kept connection, the calls sent on it whose replies are still to read.
+        self._owed: dict[Any, list[Settle]] = {}
+        #: The scripts Redis is known to hold (only those are sent without waiting).
+        self._loaded: set[bytes] = set()
 
     def __repr__(self) -> str:
-        return f"<Link {self.location} {'down' if self.down else 'up'} idle={len(self._idle)}>"
+        owed = sum(map(len, self._owed.values()))
+        state = "down" if self.down else "up"
+        return f"<Link {self.location} {state} idle={len(self._idle)} owed={owed}>"
 
     # -- calls ---------------------------------------------------------------------
 
-    async def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    async def call(
+        self,
+        script: Script,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        *,
+        later: Settle | None = None,
+    ) -> Any:
         """Run ``script``; the caller bounds the time (a cancel drops the connection).
 
         A kept connection that Redis closed meanwhile (a restart) is replaced
         once; every script may run twice safely (a lease id is granted or
         released once).
+
+        With ``later``, the call may be sent without waiting for its reply
+        (then ``None`` is returned): the connection is kept, and the next
+        call on it reads the reply first and hands it to ``later`` (or the
+        exception that stands for it). Redis runs the calls of a connection
+        in order, so that next call sees what this one did. When no kept
+        connection can carry it, the call waits and returns its reply as usual.
         """
         command = pack(script.head, 2, (b"%d" % len(keys), *keys, *args))
         for attempt in (0, 1):
             connection, kept = await self._take()
+            owed = self._owed.pop(connection, None)
             try:
+                await connection.send_packed_command(command, check_health=False)
+                if (
+                    later is not None
+                    and script.sha in self._loaded
+                    and len(self._idle) < _KEEP
+                    and len(owed or ()) < _OWED
+                ):
+                    owed = owed or []
+                    owed.append(later)
+                    self._owed[connection] = owed
+                    self._idle.append(connection)
+                    return None
+                if owed:
+                    await self._settle(connection, owed)
                 try:
-                    reply = await self._send(connection, command)
+                    reply = await connection.read_response()
                 except redis_errors.NoScriptError:
-                    await self._send(connection, pack(b"", 0, (b"SCRIPT", b"LOAD", script.source)))
-                    reply = await self._send(connection, command)
-            except redis_errors.ConnectionError:
-                await self._drop(connection)
+                    self._loaded.clear()  # (SCRIPT FLUSH, or a new server)
+                    load = pack(b"", 0, (b"SCRIPT", b"LOAD", script.source))
+                    await connection.send_packed_command(load + command, check_health=False)
+                    await connection.read_response()
+                    reply = await connection.read_response()
+            except redis_errors.ConnectionError as exc:
+                await self._drop(connection, owed, exc)
                 if kept and not attempt:
                     continue
                 raise
-            except BaseException:
-                await self._drop(connection)
+            except BaseException as exc:
+                await self._drop(connection, owed, exc)
                 raise
+            self._loaded.add(script.sha)
             if len(self._idle) < _KEEP:
                 self._idle.append(connection)
             else:
@@ -211,10 +263,16 @@ class Link:
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
 
-    @staticmethod
-    async def _send(connection: Any, command: bytes) -> Any:
-        await connection.send_packed_command(command, check_health=False)
-        return await connection.read_response()
+    async def _settle(self, connection: Any, owed: list[Settle]) -> None:
+        """Read the replies ``connection`` owes, oldest first, and hand each to its call."""
+        while owed:
+            try:
+                reply = await connection.read_response()
+            except redis_errors.ResponseError as exc:  # an error reply: still in step
+                if isinstance(exc, redis_errors.NoScriptError):
+                    self._loaded.clear()
+                reply = exc
+            owed.pop(0)(reply)
 
     async def _take(self) -> tuple[Any, bool]:
         """A connection, and whether it was kept from an earlier call."""
@@ -223,23 +281,47 @@ class Link:
             connection = idle.pop()
             if connection.is_connected:
                 return connection, True
+            owed = self._owed.pop(connection, None)
+            if owed:
+                _fail(owed, redis_errors.ConnectionError("the connection was closed"))
             await self.client.connection_pool.release(connection)
         pool: Any = self.client.connection_pool
         return await pool.get_connection(), False
 
-    async def _drop(self, connection: Any) -> None:
-        """A call failed or was cancelled: its connection may hold a late reply; close it."""
+    async def _drop(self, connection: Any, owed: list[Settle] | None, exc: BaseException) -> None:
+        """A call failed or was cancelled: its connection may hold a late reply; close it.
+
+        The calls whose replies it owed get ``exc``: whether Redis ran them is unknown.
+        """
+        if owed:
+            _fail(owed, exc)
         with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
             try:
                 await connection.disconnect(nowait=True)
             finally:
                 await self.client.connection_pool.release(connection)
 
+    async def settle(self) -> None:
+        """Read every reply the kept connections owe (the caller bounds the time)."""
+        while self._owed:
+            connection, owed = self._owed.popitem()
+            self._idle.remove(connection)  # (nobody else reads it meanwhile)
+            try:
+                await self._settle(connection, owed)
+            except BaseException as exc:
+                await self._drop(connection, owed, exc)
+                raise
+            self._idle.append(connection)
+
     async def aclose(self) -> None:
-        """Give the kept connections back to the client's pool."""
+        """Give the kept connections back to the client's pool (once they owe nothing)."""
         idle, self._idle = self._idle, []
         for connection in idle:
-            await self.client.connection_pool.release(connection)
+            owed = self._owed.pop(connection, None)
+            if owed:
+                await self._drop(connection, owed, redis_errors.ConnectionError("closed"))
+            else:
+                await self.client.connection_pool.release(connection)
 
     # -- health --------------------------------------------------------------------
 

@@ -357,9 +357,18 @@ class RedisBackend:
             self._let_go(lease)
 
     async def aclose(self) -> None:
-        """Drop the pub/sub connection and close the client if this backend made it."""
+        """Drop the pub/sub connection and close the client if this backend made it.
+
+        Releases sent without waiting for their replies are confirmed first
+        (for at most ``release_timeout``).
+        """
         self._closed = True
         await self._line.drop_pubsub()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
+            try:
+                await self._link.settle()
+            except Exception as exc:  # the leases lapse after lease_time
+                logger.debug("releases could not be confirmed on closing: %r", exc)
         await self._link.aclose()
         if self._owns_client:
             await self._client.aclose()
