@@ -26,7 +26,16 @@ from .._clock import now as _now
 from . import _redis_scripts as scripts
 from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
-from ._redis_link import UNAVAILABLE, Link, Script, Settle, describe_failure, time_bound
+from ._redis_link import (
+    UNAVAILABLE,
+    Link,
+    Script,
+    Settle,
+    bulk,
+    bulk_of,
+    describe_failure,
+    time_bound,
+)
 from ._redis_state import PolicyArgs, feedback_write, parse_states, send_write
 
 if TYPE_CHECKING:
@@ -44,6 +53,13 @@ SUFFIXES: Final = ("L", "S", "T", "Q", "C", "W")
 GRACE: Final = 0.4
 #: Tries of a version-checked write before the feedback is dropped (a busy scope).
 _WRITE_TRIES: Final = 8
+_ZERO: Final = b"0"
+_USED: Final = bulk(b"1")
+_UNUSED: Final = bulk(b"0")
+_NOT_WANTED: Final = bulk(b"0")
+_AS_DECLARED: Final = bulk(b"-1")
+_NO_WRITE: Final = bulk(b"") * 3
+
 #: A release waits for its reply when its lease may lapse within this many
 #: seconds (plus a tenth of ``lease_time``): the reply then says whether it had.
 _SURE: Final = 1.0
@@ -110,13 +126,16 @@ class ScriptCalls:
         self.channel = f"{prefix}:released".encode()
         self.rng = random.Random(seed)
         self._ids = itertools.count()
-        self._id_prefix = secrets.token_hex(6)
-        self._settings = tuple(
-            ms(value) for value in (lease_time, reserve_ahead, state_ttl, RELEASE_RECHECK)
+        self._id_prefix = secrets.token_hex(6).encode()
+        self._settings = b"".join(
+            bulk(ms(value)) for value in (lease_time, reserve_ahead, state_ttl, RELEASE_RECHECK)
         )
         self._ttl = ms(state_ttl)
+        #: The release's arguments before the scopes' (after its clock, lease id, send time).
+        self._release_base = bulk(self.channel) + bulk(self._ttl)
         self._policy_args: dict[int, PolicyArgs] = {}
-        self._keys: dict[str, list[bytes]] = {}
+        #: Per scope: its keys, them encoded, its name encoded.
+        self._keys: dict[str, tuple[list[bytes], bytes, bytes]] = {}
         #: Leases to hand back when Redis answers: grants whose reply was lost,
         #: releases that failed.
         self.orphans: list[RedisLease] = []
@@ -154,36 +173,43 @@ class ScriptCalls:
 
     def scope_keys(self, scope: str) -> list[bytes]:
         """The keys of ``scope`` (cached)."""
-        keys = self._keys.get(scope)
-        if keys is None:
+        return self._scope(scope)[0]
+
+    def _scope(self, scope: str) -> tuple[list[bytes], bytes, bytes]:
+        """The keys of ``scope``, them and its name encoded for a command (cached)."""
+        cached = self._keys.get(scope)
+        if cached is None:
             if len(self._keys) > 4096:
                 self._keys.clear()
             tag = ("{" + self.prefix + ":" + scope + "}:").encode()
-            keys = self._keys[scope] = [tag + suffix.encode() for suffix in SUFFIXES]
-        return keys
+            keys = [tag + suffix.encode() for suffix in SUFFIXES]
+            encoded = b"".join(map(bulk, keys))
+            cached = self._keys[scope] = (keys, encoded, bulk(scope.encode()))
+        return cached
 
     def now_arg(self) -> bytes:
         return b"" if self.clock is None else ms(self.clock())
 
     async def call(
-        self,
-        script: Script,
-        keys: Sequence[bytes],
-        args: Sequence[Any],
-        deadline: float,
-        *,
-        later: Settle | None = None,
+        self, script: Script, keys: Sequence[bytes], args: Sequence[Any], deadline: float
     ) -> Any:
         """One round trip, over after ``command_timeout`` or at ``deadline`` (at least 0.4 s).
 
+        :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
+        """
+        return await self._send(script, script.command(keys, args), deadline)
+
+    async def _send(
+        self, script: Script, command: bytes, deadline: float, later: Settle | None = None
+    ) -> Any:
+        """:meth:`call` with the command encoded already.
+
         With ``later``, the reply may be left to the next call (see
         :meth:`Link.call <._redis_link.Link.call>`): then ``None`` is returned.
-
-        :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
         """
         bound = min(self.command_timeout, max(deadline - _now(), GRACE))
         async with time_bound(bound):  # (asyncio's own: a fraction of an anyio scope's cost)
-            reply = await self.link.call(script, keys, args, later=later)
+            reply = await self.link.call(script, command, later=later)
         if reply is not None:  # (a call sent without waiting proves nothing)
             self.link.answered()
         return reply
@@ -209,23 +235,32 @@ class ScriptCalls:
         """
         if self.orphans:
             await self.hand_back_orphans(deadline)
-        lease_id = f"{self._id_prefix}{next(self._ids):x}".encode()
+        lease_id = b"%s%x" % (self._id_prefix, next(self._ids))
         keys: list[bytes] = []
-        args: list[Any] = [self.now_arg(), lease_id, *self._settings, turn]
+        encoded_keys = [b""]
+        args = [bulk(self.now_arg()), bulk(lease_id), self._settings, bulk_of(turn)]
         packed = []
         rng = self.rng
         for index, (scope, cost) in enumerate(costs.items()):
             policy_args = self.args(policies[index])
             packed.append(policy_args)
-            keys.extend(self.scope_keys(scope))
-            more = b"0" if extra is None else str(extra[index]).encode()
-            args += (repr(cost), repr(rng.random()), more, policy_args.packed)
-        keys.append(keys[0][:-1] + b"X:" + lease_id)  # the tombstone of a given-up call
-        lease = RedisLease(lease_id, costs, policies, keys, gate)
+            scope_keys, encoded, _ = self._scope(scope)
+            keys += scope_keys
+            encoded_keys.append(encoded)
+            more = _ZERO if extra is None else b"%d" % extra[index]
+            args += (bulk_of(cost), bulk_of(rng.random()), bulk(more), policy_args.encoded)
+        tombstone = keys[0][:-1] + b"X:" + lease_id  # of a given-up call
+        keys.append(tombstone)
+        encoded_keys[0] = bulk(b"%d" % len(keys))
+        encoded_keys.append(bulk(tombstone))
+        lease = RedisLease(lease_id, costs, packed, keys, b"".join(encoded_keys), gate)
+        # (number of keys, keys, clock, lease id, 4 settings, turn, 4 per scope)
+        count = 1 + len(keys) + 7 + 4 * len(packed)
+        command = ACQUIRE.frame(count, [lease.encoded_keys, *args])
         self.acquire_calls += 1
         before = _now()
         try:
-            reply = await self.call(ACQUIRE, keys, args, deadline)
+            reply = await self._send(ACQUIRE, command, deadline)
         except BaseException as exc:
             # The script may have run before the reply was lost: hand back the
             # lease it may hold, now (cancelled) or once Redis answers again.
@@ -351,44 +386,47 @@ class ScriptCalls:
         now = _now()
         deadline = min(deadline, now + self.release_timeout)
         names = list(lease.scopes)
-        packed = [self.args(policy) for policy in lease.policies]
+        packed = lease.policies
         if feedback is not None:
             feedback = attrs.evolve(feedback, sent_at=lease.send_at_ms / 1000.0)
-        base: list[Any] = [
-            self.now_arg(),
-            lease.id,
-            repr(lease.send_at_ms),
-            b"1" if used else b"0",
-            self.channel,
-            self._ttl,
+        base = [
+            lease.encoded_keys,
+            bulk(self.now_arg()),
+            bulk(lease.id),
+            bulk_of(lease.send_at_ms),
+            _USED if used else _UNUSED,
+            self._release_base,
         ]
         fixed = []
         wanted = False
         for scope, policy_args in zip(names, packed, strict=True):
-            want = 0
+            want = _NOT_WANTED
             only = None if feedback is None else feedback.scopes
             if used and feedback is not None and (only is None or scope in only):
-                want = policy_args.wants(feedback)
+                want = bulk_of(str(policy_args.wants(feedback)))
                 wanted = True
-            amount = b"-1"
+            amount = _AS_DECLARED
             if consumed is not None and scope in consumed:
-                amount = repr(max(0.0, float(consumed[scope]))).encode()
-            fixed.append((scope.encode(), amount, str(want), policy_args.packed))
+                amount = bulk_of(max(0.0, float(consumed[scope])))
+            fixed.append(self._scope(scope)[2] + amount + want + policy_args.encoded)
         later: Settle | None = None
         if not quiet and not wanted and now < lease.expires - _SURE - 0.1 * self.lease_time:
 
             def later(reply: Any) -> None:
                 self._settled(lease, reply)
 
-        writes: dict[int, tuple[str, str, str]] = {}
+        writes: dict[int, bytes] = {}
         feedback_at = None
+        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 7 per scope)
+        count = 1 + len(lease.keys) + 6 + 7 * len(names)
         try:
             for _ in range(_WRITE_TRIES):
                 args = list(base)
                 for index, values in enumerate(fixed):
-                    args += (*values, *writes.get(index, ("", "", "")))
+                    args += (values, writes.get(index, _NO_WRITE))
                 self.release_calls += 1
-                reply = await self.call(RELEASE, lease.keys, args, deadline, later=later)
+                command = RELEASE.frame(count, args)
+                reply = await self._send(RELEASE, command, deadline, later)
                 if reply is None:
                     return True  # sent; its reply is read by the next call
                 if type(reply) is bytes:  # released: "1,now,found"
@@ -397,9 +435,10 @@ class ScriptCalls:
                     feedback_at = float(reply[1]) / 1000.0  # the first reading
                 assert feedback is not None
                 for stored in parse_states(reply[2:]):
-                    writes[stored.index] = feedback_write(
+                    write = feedback_write(
                         names[stored.index], packed[stored.index], stored, feedback, feedback_at
                     )
+                    writes[stored.index] = b"".join(map(bulk_of, write))
             else:
                 logger.warning(
                     "scopes %s changed under %d tries to store feedback; it was dropped",

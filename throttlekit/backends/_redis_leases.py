@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .._controller import Feedback
     from .._policy import ScopePolicy
     from .._scheduler import Ticket
+    from ._redis_state import PolicyArgs
 
 __all__ = ["Holdings", "LocalLease", "RedisLease"]
 
@@ -33,6 +34,7 @@ class RedisLease:
 
     __slots__ = (
         "consumed",
+        "encoded_keys",
         "epoch",
         "expires",
         "feedback",
@@ -51,14 +53,16 @@ class RedisLease:
         self,
         lease_id: bytes,
         scopes: dict[str, float],
-        policies: list[ScopePolicy],
+        policies: list[PolicyArgs],
         keys: list[bytes],
+        encoded_keys: bytes,
         gate: Ticket,
     ) -> None:
         self.id = lease_id
         self.scopes = scopes
         self.policies = policies  # of the scopes, in order, at the grant
         self.keys = keys
+        self.encoded_keys = encoded_keys  # the number of keys and the keys, RESP-encoded
         self.gate = gate  # the per-process global cap, held from grant to release
         self.send_at_ms = 0.0  # on Redis's clock
         self.send_at = 0.0  # on the limiter's clock

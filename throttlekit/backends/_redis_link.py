@@ -41,6 +41,9 @@ __all__ = [
     "UNAVAILABLE",
     "Link",
     "Script",
+    "Settle",
+    "bulk",
+    "bulk_of",
     "client_location",
     "connect",
     "describe_failure",
@@ -129,8 +132,13 @@ def client_location(client: Any) -> str:
     return f"{scheme}://{host}:{port}/{db}"
 
 
-def _bulk(value: Any) -> bytes:
+def bulk(value: bytes) -> bytes:
     """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def bulk_of(value: Any) -> bytes:
+    """One RESP bulk string of bytes, a str, or a number (its ``repr``)."""
     if type(value) is not bytes:
         value = (value if isinstance(value, str) else repr(value)).encode()
     return b"$%d\r\n%s\r\n" % (len(value), value)
@@ -143,7 +151,7 @@ def pack(head: bytes, count: int, parts: Sequence[Any]) -> bytes:
     once per scope and policy); this is a fraction of redis-py's general
     ``pack_command``, which is much of the client's cost per round trip.
     """
-    return b"".join([b"*%d\r\n" % (count + len(parts)), head, *map(_bulk, parts)])
+    return b"".join([b"*%d\r\n" % (count + len(parts)), head, *map(bulk_of, parts)])
 
 
 class Script:
@@ -156,7 +164,19 @@ class Script:
 
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source).hexdigest().encode()
-        self.head = _bulk(b"EVALSHA") + _bulk(self.sha)
+        self.head = bulk_of(b"EVALSHA") + bulk_of(self.sha)
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+        """The ``EVALSHA`` of this script with ``keys`` and ``args``."""
+        return pack(self.head, 2, (b"%d" % len(keys), *keys, *args))
+
+    def frame(self, count: int, encoded: Sequence[bytes]) -> bytes:
+        """The ``EVALSHA`` of ``count`` arguments already encoded (:func:`bulk`).
+
+        ``encoded`` starts with the number of keys; a part may hold several
+        arguments (a scope's keys, encoded once and kept).
+        """
+        return b"".join([b"*%d\r\n" % (count + 2), self.head, *encoded])
 
     def __repr__(self) -> str:
         return f"<Script {self.sha[:8].decode()}>"
@@ -199,15 +219,8 @@ class Link:
 
     # -- calls ---------------------------------------------------------------------
 
-    async def call(
-        self,
-        script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
-        *,
-        later: Settle | None = None,
-    ) -> Any:
-        """Run ``script``; the caller bounds the time (a cancel drops the connection).
+    async def call(self, script: Script, command: bytes, *, later: Settle | None = None) -> Any:
+        """Run ``command`` (a call of ``script``); the caller bounds the time.
 
         A kept connection that Redis closed meanwhile (a restart) is replaced
         once; every script may run twice safely (a lease id is granted or
@@ -217,10 +230,10 @@ class Link:
         (then ``None`` is returned): the connection is kept, and the next
         call on it reads the reply first and hands it to ``later`` (or the
         exception that stands for it). Redis runs the calls of a connection
-        in order, so that next call sees what this one did. When no kept
+        in order, so that next call sees what this one did. A cancel drops
+        the connection. When no kept
         connection can carry it, the call waits and returns its reply as usual.
         """
-        command = pack(script.head, 2, (b"%d" % len(keys), *keys, *args))
         for attempt in (0, 1):
             connection, kept = await self._take()
             owed = self._owed.pop(connection, None)

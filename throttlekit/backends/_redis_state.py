@@ -102,12 +102,14 @@ class PolicyArgs:
     :param fp: its :func:`fingerprint`.
     :param controlled: whether the policy has controllers from the start
         (otherwise only a lazily added backoff may ever run).
+    :param encoded: ``packed`` as a RESP bulk string, ready for a command.
     """
 
     policy: ScopePolicy
     packed: str
     fp: str
     controlled: bool
+    encoded: bytes = b""
 
     @classmethod
     def of(cls, policy: ScopePolicy) -> PolicyArgs:
@@ -122,7 +124,9 @@ class PolicyArgs:
                 _num(policy.window),
             )
         )
-        return cls(policy, packed, fp, bool(controllers))
+        data = packed.encode()
+        encoded = b"$%d\r\n%s\r\n" % (len(data), data)
+        return cls(policy, packed, fp, bool(controllers), encoded)
 
     def wants(self, feedback: Feedback) -> int:
         """What a release must ask for: 2 = the controllers run, 1 = they run if stored."""
