@@ -207,7 +207,9 @@ class ScriptCalls:
         With ``later``, the reply may be left to the next call (see
         :meth:`Link.call <._redis_link.Link.call>`): then ``None`` is returned.
         """
-        bound = min(self.command_timeout, max(deadline - _now(), GRACE))
+        bound = self.command_timeout
+        if deadline != INF:
+            bound = min(bound, max(deadline - _now(), GRACE))
         async with time_bound(bound):  # (asyncio's own: a fraction of an anyio scope's cost)
             reply = await self.link.call(script, command, later=later)
         if reply is not None:  # (a call sent without waiting proves nothing)

@@ -50,7 +50,7 @@ class Waiter:
         self.priority = priority
         self.seq = seq
         self.queue: str | None = None  # the scope whose line it stands in
-        self.event = anyio.Event()
+        self.event: anyio.Event | None = None  # made when it sleeps
         self.woken = False
         self.turn: bytes | float = 0.0  # the last turn Redis gave it (Redis clock, ms; 0 = none)
 
@@ -192,7 +192,8 @@ class WaiterLine:
     @staticmethod
     def _wake(waiter: Waiter) -> None:
         waiter.woken = True
-        waiter.event.set()
+        if waiter.event is not None:
+            waiter.event.set()
 
     async def wait_in_line(self, waiter: Waiter, scope: str) -> None:
         """Stand in ``scope``'s line until nobody of this process is ahead."""
@@ -202,8 +203,8 @@ class WaiterLine:
             if top is None or top is waiter:
                 return
             waiter.woken = False
-            waiter.event = anyio.Event()
-            await waiter.event.wait()
+            waiter.event = event = anyio.Event()
+            await event.wait()
 
     async def wait_as_top(self, waiter: Waiter, deadline: float, on_release: bool) -> None:
         """First in line: sleep until ``deadline`` or (``on_release``) a release of its scope."""
@@ -218,9 +219,9 @@ class WaiterLine:
                 if on_release and self._listener is None and self._pubsub is not None:
                     await self._listen(waiter, deadline)
                     continue
-                waiter.event = anyio.Event()
+                waiter.event = event = anyio.Event()
                 with anyio.move_on_after(deadline - now):
-                    await waiter.event.wait()
+                    await event.wait()
         finally:
             self._release_waiters.pop(waiter, None)
 
@@ -291,7 +292,8 @@ class WaiterLine:
             self._listener = None
             for other in self._release_waiters:
                 if other is not waiter:
-                    other.event.set()  # take over the listening
+                    if other.event is not None:
+                        other.event.set()  # take over the listening
                     break
 
     async def drop_pubsub(self) -> None:

@@ -49,6 +49,7 @@ from ._redis_state import scope_statistics
 if TYPE_CHECKING:
     from .._controller import Feedback
     from .._limiter import Limiter
+    from .._policy import ScopePolicy
     from .memory import MemoryBackend
 
 __all__ = ["FailurePolicy", "RedisBackend", "RedisBackendStatistics"]
@@ -311,6 +312,7 @@ class RedisBackend:
             raise RuntimeError("this RedisBackend is closed")
         if not costs:
             raise ValueError("a request needs at least one scope")
+        policies = []
         for scope, cost in costs.items():
             policy = local.policy(scope)
             if policy.quota is not None and cost > policy.quota:
@@ -318,8 +320,9 @@ class RedisBackend:
                     f"cost {cost!r} for scope {scope!r} exceeds its quota {policy.quota!r}; "
                     "it could never be sent"
                 )
+            policies.append(policy)
         deadline = INF if timeout is None else _now() + timeout
-        return await self._acquire(local, dict(costs), priority, deadline, gated)
+        return await self._acquire(local, dict(costs), policies, priority, deadline, gated)
 
     def record(self, lease: Any, feedback: Feedback, consumed: Mapping[str, float] | None) -> None:
         """Keep the feedback on the lease: the controllers get it with the release."""
@@ -453,18 +456,23 @@ class RedisBackend:
         self,
         local: MemoryBackend,
         costs: dict[str, float],
+        policies: list[ScopePolicy],
         priority: int,
         deadline: float,
         gated: bool = True,
     ) -> Any:
-        """Ask Redis, waiting in this process's line between attempts; fall back if it is away."""
+        """Ask Redis, waiting in this process's line between attempts; fall back if it is away.
+
+        ``policies`` are those of the scopes in ``costs``, in order.
+        """
         line = self._line
-        if self._link.may_try(_now()):
+        link = self._link
+        if not link.down or link.may_try(_now()):
             if local.max_waiters is not None and line.waiting >= local.max_waiters:
                 raise Overloaded(f"{line.waiting} requests are already waiting (max_waiters)")
 
             async def attempt(turn: Any) -> RedisLease | tuple[int, float, bool, Any]:
-                return await self._attempt(local, costs, priority, turn, deadline, gated)
+                return await self._attempt(local, costs, policies, priority, turn, deadline, gated)
 
             try:
                 lease = await line.wait_for_grant(costs, priority, attempt, deadline)
@@ -481,6 +489,7 @@ class RedisBackend:
         self,
         local: MemoryBackend,
         costs: dict[str, float],
+        policies: list[ScopePolicy],
         priority: int,
         turn: Any,
         deadline: float,
@@ -488,7 +497,6 @@ class RedisBackend:
     ) -> RedisLease | tuple[int, float, bool, Any]:
         """One round trip, holding the per-process global cap and counted as held meanwhile."""
         gate = await local.acquire({}, priority=priority, timeout=_remaining(deadline), gated=gated)
-        policies = [local.policy(scope) for scope in costs]
         holdings = self._holdings
         unshared = holdings.unshared
         extra = [unshared.get(scope, 0) for scope in costs] if unshared else None
@@ -540,13 +548,16 @@ class RedisBackend:
 
     async def _until_send(self, lease: RedisLease) -> RedisLease:
         """Sleep until a reserved grant's send time; hand it back if cancelled."""
-        if lease.send_at > _now():
-            try:
-                await anyio.sleep_until(lease.send_at)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._hand_back(lease)
-                raise
+        now = _now()
+        if lease.send_at <= now:
+            lease.granted_at = now
+            return lease
+        try:
+            await anyio.sleep_until(lease.send_at)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._hand_back(lease)
+            raise
         lease.granted_at = _now()
         return lease
 
