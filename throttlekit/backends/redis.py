@@ -91,7 +91,8 @@ class RedisBackend:
     (:meth:`Limiter.policy <throttlekit.Limiter.policy>`): configure the
     workers alike.
 
-    An uncontended acquire is one round trip and a release one more (see
+    An uncontended acquire is one round trip and a release one more, which
+    it does not wait for unless it carries feedback for the controllers (see
     :doc:`/redis` for when the controllers add one, reserved grants, turns
     and wake-ups). The limiter's global ``concurrency`` cap stays per
     process. Runs on asyncio only; needs Redis >= 5.0; Redis Cluster works
@@ -113,8 +114,8 @@ class RedisBackend:
     :param reserve_ahead: seconds ahead of its send time a grant may be
         reserved (never a whole delay); ``0`` grants only at the current instant.
     :param state_ttl: seconds a scope's learned state survives in Redis without
-        any traffic. Live state (blocks, leases, quota windows) always lives as
-        long as it matters.
+        any traffic (up to an eighth more). Live state (blocks, leases, quota
+        windows) always lives as long as it matters.
     :param reconnect_interval: seconds between attempts to reach Redis again
         while failing open.
     :param release_timeout: seconds a release may take (it is shielded from
