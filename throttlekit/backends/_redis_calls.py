@@ -36,7 +36,7 @@ from ._redis_link import (
     describe_failure,
     time_bound,
 )
-from ._redis_state import PolicyArgs, feedback_write, parse_states, send_write
+from ._redis_state import STATE_FIELDS, PolicyArgs, feedback_write, parse_states, send_write
 
 if TYPE_CHECKING:
     from .._controller import Feedback
@@ -57,8 +57,9 @@ _ZERO: Final = b"0"
 _USED: Final = bulk(b"1")
 _UNUSED: Final = bulk(b"0")
 _NOT_WANTED: Final = bulk(b"0")
+_WANTED: Final = bulk(b"1")
 _AS_DECLARED: Final = bulk(b"-1")
-_NO_WRITE: Final = bulk(b"") * 3
+_NO_WRITE: Final = bulk(b"") * 4
 
 #: A release waits for its reply when its lease may lapse within this many
 #: seconds (plus a tenth of ``lease_time``): the reply then says whether it had.
@@ -250,14 +251,15 @@ class ScriptCalls:
             keys += scope_keys
             encoded_keys.append(encoded)
             more = _ZERO if extra is None else b"%d" % extra[index]
-            args += (bulk_of(cost), bulk_of(rng.random()), bulk(more), policy_args.encoded)
+            want = _WANTED if policy_args.controlled else _NOT_WANTED
+            args += (bulk_of(cost), bulk_of(rng.random()), bulk(more), want, policy_args.encoded)
         tombstone = keys[0][:-1] + b"X:" + lease_id  # of a given-up call
         keys.append(tombstone)
         encoded_keys[0] = bulk(b"%d" % len(keys))
         encoded_keys.append(bulk(tombstone))
         lease = RedisLease(lease_id, costs, packed, keys, b"".join(encoded_keys), gate)
-        # (number of keys, keys, clock, lease id, 4 settings, turn, 4 per scope)
-        count = 1 + len(keys) + 7 + 4 * len(packed)
+        # (number of keys, keys, clock, lease id, 4 settings, turn, 5 per scope)
+        count = 1 + len(keys) + 7 + 5 * len(packed)
         command = ACQUIRE.frame(count, [lease.encoded_keys, *args])
         self.acquire_calls += 1
         before = _now()
@@ -291,8 +293,14 @@ class ScriptCalls:
         lease.send_at = min(after + wait, max(before + wait, send_at_ms / 1000.0 - self.offset))
         lease.expires = before + wait + self.lease_time
         if len(reply) > 4:
+            due = int(reply[4]) * STATE_FIELDS
+            # The state of the controllers as of this grant: the release runs
+            # them on its feedback without reading it again.
+            lease.stored = {state.index: state for state in parse_states(reply[5 + due :])}
+            if not due:
+                return lease
             try:
-                await self._run_on_send(lease, packed, reply[4:], deadline)
+                await self._run_on_send(lease, packed, reply[5 : 5 + due], deadline)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     if not await self.release(lease, None, None, used=False, quiet=True):
@@ -401,12 +409,22 @@ class ScriptCalls:
         ]
         fixed = []
         wanted = False
-        for scope, policy_args in zip(names, packed, strict=True):
+        writes: dict[int, bytes] = {}
+        feedback_at = None  # the feedback's time, on Redis's clock
+        for index, (scope, policy_args) in enumerate(zip(names, packed, strict=True)):
             want = _NOT_WANTED
             only = None if feedback is None else feedback.scopes
             if used and feedback is not None and (only is None or scope in only):
                 want = bulk_of(str(policy_args.wants(feedback)))
                 wanted = True
+                stored = lease.stored.get(index) if lease.stored else None
+                if stored is not None:
+                    # The controllers' state came with the grant: run them on it
+                    # now, and the write stands if it is still the scope's state.
+                    if feedback_at is None:
+                        feedback_at = self._redis_now(lease)
+                    write = feedback_write(scope, policy_args, stored, feedback, feedback_at)
+                    writes[index] = b"".join(map(bulk_of, (*write, b"%d" % stored.in_flight)))
             amount = _AS_DECLARED
             if consumed is not None and scope in consumed:
                 amount = bulk_of(max(0.0, float(consumed[scope])))
@@ -417,10 +435,8 @@ class ScriptCalls:
             def later(reply: Any) -> None:
                 self._settled(lease, reply)
 
-        writes: dict[int, bytes] = {}
-        feedback_at = None
-        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 7 per scope)
-        count = 1 + len(lease.keys) + 6 + 7 * len(names)
+        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
+        count = 1 + len(lease.keys) + 6 + 8 * len(names)
         try:
             for _ in range(_WRITE_TRIES):
                 args = list(base)
@@ -440,7 +456,7 @@ class ScriptCalls:
                     write = feedback_write(
                         names[stored.index], packed[stored.index], stored, feedback, feedback_at
                     )
-                    writes[stored.index] = b"".join(map(bulk_of, write))
+                    writes[stored.index] = b"".join(map(bulk_of, (*write, b"")))
             else:
                 logger.warning(
                     "scopes %s changed under %d tries to store feedback; it was dropped",
@@ -455,6 +471,12 @@ class ScriptCalls:
         if used:
             self._check_found(names, reply)
         return True
+
+    def _redis_now(self, lease: RedisLease) -> float:
+        """Redis's clock now (seconds), as well as this process can tell: not later."""
+        if self.clock is not None:
+            return self.clock()
+        return max(_now() + self.offset, lease.send_at_ms / 1000.0)
 
     def _settled(self, lease: RedisLease, reply: Any) -> None:
         """The reply of a release sent without waiting, read by a later call."""

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .._controller import Feedback
     from .._policy import ScopePolicy
     from .._scheduler import Ticket
-    from ._redis_state import PolicyArgs
+    from ._redis_state import PolicyArgs, StoredState
 
 __all__ = ["Holdings", "LocalLease", "RedisLease"]
 
@@ -47,6 +47,7 @@ class RedisLease:
         "scopes",
         "send_at",
         "send_at_ms",
+        "stored",
     )
 
     def __init__(
@@ -72,6 +73,8 @@ class RedisLease:
         self.epoch = 0  # Holdings.epoch at the grant
         self.feedback: Feedback | None = None
         self.consumed: Mapping[str, float] | None = None
+        #: The controllers' state per scope index, as of the grant (for the feedback).
+        self.stored: dict[int, StoredState] | None = None
 
     def __repr__(self) -> str:
         state = "released" if self.released else "held"

@@ -195,11 +195,15 @@ end
 #: recheck ms, the turn this caller was given last (ms, 0 = none; a value
 #: Redis handed out, not a client clock); then per scope: cost, a uniform
 #: random number in [0, 1) for the jitter, the leases the caller holds that
-#: Redis may not count (granted while it was away), and the packed policy.
+#: Redis may not count (granted while it was away), whether the caller wants
+#: the controllers' state with the grant (1: its policy has controllers), and
+#: the packed policy.
 #: Replies ``"1,wait_ms,send_at_ms,now_ms"`` (granted: send after
-#: ``wait_ms``; one string, the cheapest reply to read), or the same as a
-#: list followed by the states, seven values each, of the scopes whose
-#: controllers must run ``on_send`` now (see ``controller_state``), or
+#: ``wait_ms``; one string, the cheapest reply to read), or ``{1, wait_ms,
+#: send_at_ms, now_ms, due, <controller states>...}``: the states, seven
+#: values each (see ``controller_state``), first of the ``due`` scopes whose
+#: controllers must run ``on_send`` now, then of those that have stored
+#: state or whose caller wants it (for the feedback of the release), or
 #: ``{0, wait_ms, scope_index, reason, now_ms[, turn_ms, reopens_ms, cause,
 #: delay]}`` with reason 1 = concurrency full (wait for a release or the
 #: earliest lease expiry), 2 = delay, slot delay, quota or server block (try
@@ -221,7 +225,7 @@ local lease_id = ARGV[2]
 local lease_ms, reserve = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl, recheck = tonumber(ARGV[5]), tonumber(ARGV[6])
 local myturn = tonumber(ARGV[7])
-local n = (#ARGV - 7) / 4
+local n = (#ARGV - 7) / 5
 
 -- A call that its caller gave up on (cancelled while the request was on its
 -- way) and that arrives after the hand-back must not grant anything.
@@ -239,11 +243,12 @@ local reopens, cause, delay_text = now, 3, '0'
 local pacing = 0
 for i = 1, n do
   local k = (i - 1) * 6
-  local b = 8 + (i - 1) * 4
+  local b = 8 + (i - 1) * 5
   local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
-             C = KEYS[k + 5], cost = tonumber(ARGV[b]), u = tonumber(ARGV[b + 1])}
+             C = KEYS[k + 5], cost = tonumber(ARGV[b]), u = tonumber(ARGV[b + 1]),
+             want = ARGV[b + 3] == '1'}
   local extra = tonumber(ARGV[b + 2])
-  local p = read_policy(ARGV[b + 3])
+  local p = read_policy(ARGV[b + 4])
   s.p = p
   local st = load_state(s.S, p)
   s.st = st
@@ -315,7 +320,7 @@ end
 
 local t = math.max(now, ready)
 local t_text = f(t)
-local states = nil
+local due, kept = {}, {}
 for i = 1, n do
   local s = scopes[i]
   local st = s.st
@@ -328,8 +333,12 @@ for i = 1, n do
   if s.nslots > 0 and s.nslots >= st.conc - s.inflight then redis.call('ZPOPMIN', s.T) end
   redis.call('HSET', s.S, 'next', f(st.next), 'last', t_text, 'factor', g(st.factor))
   keep_state(s.S, st, now, ttl)
-  if t >= st.due or st.fp ~= s.p.fp then
-    -- The controllers must see this send (or rerun with this caller's policy).
+  -- The controllers must see this send (or rerun with this caller's policy);
+  -- or their state comes with the grant, so that the release can run them on
+  -- its feedback and write the result at once (if the version and the
+  -- leases in flight are still those).
+  local must = t >= st.due or st.fp ~= s.p.fp
+  if must or s.want or st.ver > 0 then
     local inflight = s.inflight
     if inflight then
       inflight = inflight + 1
@@ -337,8 +346,9 @@ for i = 1, n do
       inflight = redis.call('ZCOUNT', s.L, '(' .. now_text, '+inf')
     end
     local state = controller_state(i, s.S, st, inflight)
-    states = states or {}
-    for m = 1, #state do states[#states + 1] = state[m] end
+    local into = kept
+    if must then into = due end
+    for m = 1, #state do into[#into + 1] = state[m] end
   end
   local p = s.p
   if p.quota >= 0 then
@@ -350,9 +360,10 @@ for i = 1, n do
     redis.call('PEXPIRE', s.C, keep)
   end
 end
-if states == nil then return '1,' .. f(t - now) .. ',' .. t_text .. ',' .. now_text end
-local reply = {1, f(t - now), t_text, now_text}
-for m = 1, #states do reply[#reply + 1] = states[m] end
+if #due + #kept == 0 then return '1,' .. f(t - now) .. ',' .. t_text .. ',' .. now_text end
+local reply = {1, f(t - now), t_text, now_text, #due / 7}
+for m = 1, #due do reply[#reply + 1] = due[m] end
+for m = 1, #kept do reply[#reply + 1] = kept[m] end
 return reply
 """
 )
@@ -396,12 +407,14 @@ return reply
 #: its quota), channel, state ttl ms; then per scope: scope name, consumed
 #: cost (-1 = as declared), want (0 = no feedback for this scope, 1 = feedback:
 #: its controllers must run if it has stored state, 2 = they must run), the
-#: packed policy, the version read ('' = nothing to write), the new limits
-#: and the states.
+#: packed policy, the version read ('' = nothing to write), the new limits,
+#: the states, and the leases in flight the controllers were shown (a write
+#: computed on the state that came with the grant: it stands only if as many
+#: are still in flight; '' = not checked).
 #:
 #: The controllers run before the release, as they would in memory (feedback
 #: comes while the request is in flight): if a scope that wants feedback
-#: carries no write, or a write's version moved, nothing changes and the
+#: carries no write, or a write's version (or in-flight count) moved, nothing changes and the
 #: reply is ``{0, now_ms, <controller states>...}`` (run them, then call
 #: again). Otherwise every write is stored, the lease released, and the reply
 #: is the string ``"1,now_ms,found"``, ``found`` the number of scopes where
@@ -415,23 +428,27 @@ local sent = tonumber(ARGV[3])
 local used = tonumber(ARGV[4])
 local channel = ARGV[5]
 local ttl = tonumber(ARGV[6])
-local n = (#ARGV - 6) / 7
+local n = (#ARGV - 6) / 8
 local scopes = {}
 local pending = {f(now)}
 for i = 1, n do
   local k = (i - 1) * 6
-  local b = 7 + (i - 1) * 7
+  local b = 7 + (i - 1) * 8
   local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
              C = KEYS[k + 5], W = KEYS[k + 6], name = ARGV[b],
              consumed = tonumber(ARGV[b + 1]), want = tonumber(ARGV[b + 2]),
              p = read_policy(ARGV[b + 3]), ver = ARGV[b + 4], limits = ARGV[b + 5],
-             ctl = ARGV[b + 6]}
+             ctl = ARGV[b + 6], flying = ARGV[b + 7]}
   local stale = s.want == 2
   if s.ver ~= '' or s.want == 1 or s.p.slot > 0 then
     -- (A release without feedback or slot delay needs no state.)
     s.st = load_state(s.S, s.p)
     if s.ver ~= '' then
       stale = s.st.ver ~= tonumber(s.ver)
+      if not stale and s.flying ~= '' then
+        -- Run on the state read at the grant: as good only with as many in flight.
+        stale = redis.call('ZCOUNT', s.L, '(' .. f(now), '+inf') ~= tonumber(s.flying)
+      end
     elseif s.want == 1 then
       stale = s.st.ver > 0
     end
