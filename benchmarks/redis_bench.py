@@ -9,12 +9,17 @@
     client (one round trip through redis-py, the floor of any client call):
     the acquire and the pair in multiples of a ``PING`` (medians of the
     per-round ratios, so the machine's load hits both alike), in wall time
-    and in this process's CPU time (the client's own cost), round trips per
-    acquire and per release (the backend's counts, and ``EVALSHA`` calls per
-    pair counted by the server), and the in-memory limiter for comparison.
+    and in this process's CPU time (the client's own cost), the release alone
+    (it does not wait for its reply: the next acquire reads it), round trips
+    per acquire and per release (the backend's counts, and ``EVALSHA`` calls
+    per pair counted by the server), Redis's own time per ``EVALSHA`` and per
+    ``PING`` (``INFO commandstats``: the scripts' cost in the server), the
+    Python function calls per pair (cProfile, so that a regression shows),
+    and the in-memory limiter for comparison.
 ``with_controllers``
     the same pairs with AutoThrottle and every response recorded: the
-    release then also runs the controllers (one more round trip).
+    release then also runs the controllers on the state that came with the
+    grant and writes the result with the release.
 ``concurrent``
     the same with 16 tasks at once (grants per second).
 ``multiprocess``
@@ -102,15 +107,27 @@ async def _evalsha_calls(client: Any) -> int:
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
+async def _server_us(client: Any) -> dict[str, float]:
+    """Redis's own time per call (us) of EVALSHA and PING, from INFO commandstats."""
+    stats = await client.info("commandstats")
+    return {
+        name: float(stats.get(f"cmdstat_{name}", {}).get("usec_per_call", 0.0))
+        for name in ("evalsha", "ping")
+    }
+
+
 def _policy() -> throttlekit.ScopePolicy:
     return throttlekit.ScopePolicy(concurrency=None, delay=0.0, slot_delay=0.0)
 
 
 async def _pairs(
     limiter: throttlekit.Limiter, count: int, feedback: bool
-) -> tuple[float, float, float, float]:
-    """Seconds per acquire and per acquire+release, wall and process CPU, ``count`` in a row."""
-    wall = cpu = 0.0
+) -> tuple[float, float, float, float, float]:
+    """Seconds per acquire and per acquire+release, wall and process CPU, ``count`` in a row.
+
+    Then the wall time of the release alone.
+    """
+    wall = cpu = release = 0.0
     started, started_cpu = time.perf_counter(), time.process_time()
     for _ in range(count):
         permit = limiter.acquire(scopes="s")
@@ -120,10 +137,25 @@ async def _pairs(
         cpu += time.process_time() - before_cpu
         if feedback:
             permit.record(status=200, latency=0.0)
+        before = time.perf_counter()
         await permit.__aexit__(None, None, None)
+        release += time.perf_counter() - before
     pair = (time.perf_counter() - started) / count
     pair_cpu = (time.process_time() - started_cpu) / count
-    return wall / count, pair, cpu / count, pair_cpu
+    return wall / count, pair, cpu / count, pair_cpu, release / count
+
+
+async def _calls_per_pair(limiter: throttlekit.Limiter, count: int) -> float:
+    """Python function calls per uncontended acquire+release (cProfile), round trips included."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    await _pairs(limiter, count, False)
+    profile.disable()
+    stats: Any = pstats.Stats(profile)
+    return float(stats.total_calls) / count
 
 
 def _median(values: list[float]) -> float:
@@ -148,21 +180,21 @@ async def _single(url: str, ops: int) -> dict[str, Any]:
         await admin.ping()
     rounds = 9
     each = max(1, ops // rounds)
-    samples: dict[str, list[float]] = {
-        key: [] for key in ("acquire", "pair", "ping", "acquire_cpu", "pair_cpu", "controlled_pair")
-    }
+    keys = ("acquire", "pair", "ping", "acquire_cpu", "pair_cpu", "release", "controlled_pair")
+    samples: dict[str, list[float]] = {key: [] for key in (*keys, "evalsha_us", "ping_server_us")}
     evalsha = controlled_evalsha = 0
     for _ in range(rounds):
         await admin.config_resetstat()
-        acquire, pair, acquire_cpu, pair_cpu = await _pairs(limiter, each, False)
+        acquire, pair, acquire_cpu, pair_cpu, release = await _pairs(limiter, each, False)
         evalsha += await _evalsha_calls(admin)
         started, started_cpu = time.perf_counter(), time.process_time()
         for _ in range(each):
             await admin.ping()
         ping = (time.perf_counter() - started) / each
         ping_cpu = (time.process_time() - started_cpu) / each
+        server = await _server_us(admin)
         await admin.config_resetstat()
-        _, controlled_pair, _, _ = await _pairs(with_controllers, each, True)
+        _, controlled_pair, _, _, _ = await _pairs(with_controllers, each, True)
         controlled_evalsha += await _evalsha_calls(admin)
         # Ratios within a round, so that the machine's load hits both alike.
         samples["acquire"].append(acquire / ping)
@@ -170,7 +202,11 @@ async def _single(url: str, ops: int) -> dict[str, Any]:
         samples["ping"].append(ping)
         samples["acquire_cpu"].append(acquire_cpu / ping_cpu)
         samples["pair_cpu"].append(pair_cpu / ping_cpu)
+        samples["release"].append(release / ping)
         samples["controlled_pair"].append(controlled_pair / ping)
+        samples["evalsha_us"].append(server["evalsha"])
+        samples["ping_server_us"].append(server["ping"])
+    calls_per_pair = await _calls_per_pair(limiter, max(100, each))
     ping_us = _median(samples["ping"]) * 1e6
     local = throttlekit.Limiter(default=_policy(), concurrency=None)
     started = time.perf_counter()
@@ -209,6 +245,10 @@ async def _single(url: str, ops: int) -> dict[str, Any]:
             "cpu_pings_per_acquire_release": _median(samples["pair_cpu"]),
             "us_per_acquire": _median(samples["acquire"]) * ping_us,
             "us_per_acquire_release": _median(samples["pair"]) * ping_us,
+            "pings_per_release": _median(samples["release"]),
+            "server_us_per_evalsha": _median(samples["evalsha_us"]),
+            "server_us_per_ping": _median(samples["ping_server_us"]),
+            "python_calls_per_acquire_release": calls_per_pair,
             "evalsha_per_acquire_release": evalsha / total,
             "acquire_round_trips": stats.acquire_calls / stats.grants,
             "release_round_trips": stats.release_calls / stats.grants,
@@ -433,7 +473,14 @@ def run_suite(config: Any) -> Any:
     table.add(
         "acquire+release (PINGs, client CPU)", round(single["cpu_pings_per_acquire_release"], 2)
     )
+    table.add("release alone (PINGs, wall time)", round(single["pings_per_release"], 2))
     table.add("acquire+release (us/op)", round(single["us_per_acquire_release"], 1))
+    table.add("Redis's own time per EVALSHA (us)", round(single["server_us_per_evalsha"], 1))
+    table.add("Redis's own time per PING (us)", round(single["server_us_per_ping"], 2))
+    table.add(
+        "Python calls per acquire+release (cProfile)",
+        round(single["python_calls_per_acquire_release"]),
+    )
     table.add("round trips per acquire", round(single["acquire_round_trips"], 3))
     table.add("round trips per release", round(single["release_round_trips"], 3))
     table.add(
@@ -471,6 +518,16 @@ def run_suite(config: Any) -> Any:
             round(entry["acquire_calls_per_grant"], 2),
         )
     result.tables.append(shared)
+    result.notes += [
+        "An acquire is one EVALSHA round trip: the client's own work (building the call, "
+        "reading the reply, the limiter around it), the round trip a PING also makes, and "
+        "the script's time in Redis (Redis's own time per EVALSHA, against its time per PING).",
+        "A release without feedback does not wait for its reply: the next call on its "
+        "connection (here the next acquire) reads it, so 'release alone' is the client's "
+        "work to send it, and the script's time lands in the next acquire's round trip.",
+        "With AutoThrottle, the controllers' state comes with the grant and the release "
+        "writes what they made of the feedback: two round trips per acquire+release.",
+    ]
     first = measured["multiprocess"][0]
     targets = measured["targets"]
     result.targets.append(
