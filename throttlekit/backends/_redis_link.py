@@ -230,9 +230,10 @@ class Link:
         (then ``None`` is returned): the connection is kept, and the next
         call on it reads the reply first and hands it to ``later`` (or the
         exception that stands for it). Redis runs the calls of a connection
-        in order, so that next call sees what this one did. A cancel drops
-        the connection. When no kept
-        connection can carry it, the call waits and returns its reply as usual.
+        in order, so that next call sees what this one did. When no kept
+        connection can carry it, the call waits and returns its reply as
+        usual. A failed or cancelled call drops its connection, and the calls
+        whose replies it owed get the exception.
         """
         for attempt in (0, 1):
             connection, kept = await self._take()
