@@ -437,7 +437,7 @@ async def test_a_fast_path_permit_answers_like_any_other() -> None:
     async with limiter.acquire(url):  # the general path: the scope and its URL are new
         pass
     async with limiter.acquire(url) as permit:
-        assert type(permit._lease) is tuple  # the fast path took it: no ticket yet
+        assert type(permit._lease) is not Ticket  # the fast path took it: no ticket yet
         assert permit.scopes == {"fast.example": 1.0}
         assert permit.granted_at <= anyio.current_time()
         assert "fast.example" in repr(permit)
@@ -460,6 +460,30 @@ async def test_a_fast_path_permit_answers_like_any_other() -> None:
         pass
     async with limiter.acquire(other) as outer, limiter.acquire(other) as inner:
         assert (outer.scopes, inner.scopes) == ({"other.example": 1.0}, {})
+    assert_idle(limiter)
+
+
+async def test_a_urls_remembered_ledger_is_not_granted_from_once_evicted() -> None:
+    """The fast path finds a URL's ledger in the limiter's URL cache; once the
+    scope is evicted (and even if a late record() reaches that ledger), the URL
+    is granted from the scope's new ledger, whose limits bind."""
+    limiter = Limiter(default=ONE, concurrency=None, max_scopes=2)
+    first, second = "https://a.example/1", "https://a.example/2"
+    async with limiter.acquire(first):  # the general path: remembers the ledger
+        pass
+    async with limiter.acquire(first) as late:  # the fast path, on that ledger
+        pass
+    for host in ("b", "c", "d"):
+        async with limiter.acquire(f"https://{host}.example/"):
+            pass
+    assert limiter.scope_statistics("a.example") is None  # evicted
+    late.record(status=503)  # feedback that reaches the evicted ledger
+    async with limiter.acquire(second):  # a new ledger for a.example, held
+        with pytest.raises(WouldBlock):  # its concurrency of 1 binds the first URL too
+            limiter.acquire_nowait(first)
+    async with limiter.acquire(first) as permit:
+        assert permit.scopes == {"a.example": 1.0}
+        assert limiter.statistics().scopes["a.example"].in_flight == 1
     assert_idle(limiter)
 
 

@@ -29,6 +29,7 @@ __all__ = ["Limiter", "Permit"]
 logger = logging.getLogger("throttlekit")
 
 _by_host = _scopes.by_host
+_new = object.__new__
 #: Most URL strings whose scope (host) a limiter remembers: more than the
 #: default ``max_scopes``, so a round-robin over that many hosts stays cached.
 _HOSTS_MAX = 131_072
@@ -135,8 +136,9 @@ class Limiter:
         self._permit_type: type[Permit] = getattr(self._backend, "permit_type", Permit)
         # The innermost permit each task holds in ``async with`` (see Permit._hold).
         self._held: dict[object, Permit] = {}
-        # The scope of each URL string seen lately, with the default resolver.
-        self._hosts: dict[str, str] = {}
+        # The scope of each URL string seen lately, with the default resolver:
+        # its name, or (once granted in memory) its ledger, for the fast path.
+        self._hosts: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"<Limiter {self._backend!r}>"
@@ -241,16 +243,23 @@ class Limiter:
         on it reaches the shared scopes too. Tasks started inside the block
         are not nested.
         """
-        if type(priority) is not int and (
-            isinstance(priority, bool) or not isinstance(priority, int)
-        ):
-            raise TypeError(f"priority must be an int, got {priority!r}")
-        if timeout is not None and not (timeout >= 0):
-            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
-        if request is None and scopes is None:
-            raise TypeError("acquire() needs a request or scopes=")
-        permit_type = self._permit_type  # a plain attribute load: cheaper than self._permit_type()
-        return permit_type(self, request, priority, timeout, scopes)
+        if type(priority) is not int or timeout is not None or (request is None and scopes is None):
+            _check_acquire(request, priority, timeout, scopes)
+        # Made here, not by a constructor call: a permit per request is the
+        # hot path (see Permit for what each field means).
+        permit: Permit = _new(self._permit_type)
+        permit._limiter = self
+        permit._request = request
+        permit._scopes = scopes
+        permit._priority = priority
+        permit._timeout = timeout
+        permit._lease = None
+        permit._shared = None
+        permit._encloses = True
+        permit._task = None
+        permit._outer = None
+        permit.recorded = False
+        return permit
 
     def acquire_nowait(
         self,
@@ -268,7 +277,7 @@ class Limiter:
         """
         if request is None and scopes is None:
             raise TypeError("acquire_nowait() needs a request or scopes=")
-        permit = self._permit_type(self, request, priority, None, scopes)
+        permit = self.acquire(request, priority=priority, scopes=scopes)
         permit._enter_nowait()
         return permit
 
@@ -331,7 +340,9 @@ class Limiter:
     def _host_of(self, url: str) -> str:
         """``by_host(url)``, remembered (bounded: cleared when full)."""
         host = self._hosts.get(url)
-        if host is None:
+        if type(host) is not str:
+            if host is not None:  # the scope's ledger, once granted in memory
+                return host.name  # type: ignore[no-any-return]
             host = _by_host(url)
             hosts = self._hosts
             if len(hosts) >= _HOSTS_MAX:
@@ -382,6 +393,16 @@ class Limiter:
                 fields["headers"], now=time.time(), max_delay=_HEADER_MAX_DELAY
             )
         return Feedback(**fields)
+
+
+def _check_acquire(request: Any, priority: object, timeout: object, scopes: object) -> None:
+    """Raise if ``acquire()``'s arguments are wrong (the caller has seen they may be)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {priority!r}")
+    if timeout is not None and not (timeout >= 0):  # type: ignore[operator]
+        raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+    if request is None and scopes is None:
+        raise TypeError("acquire() needs a request or scopes=")
 
 
 def _check_limit(name: str, value: object, *, optional: bool = True) -> None:

@@ -21,6 +21,7 @@ from ._errors import WouldBlock
 
 if TYPE_CHECKING:
     from ._limiter import Limiter
+    from .scopes import ScopesLike
 
 __all__ = ["Permit"]
 
@@ -98,33 +99,28 @@ class Permit:
         "recorded",
     )
 
-    def __init__(
-        self,
-        limiter: Limiter,
-        request: Any,
-        priority: int,
-        timeout: float | None,
-        scopes: _scopes.ScopesLike | None,
-    ) -> None:
-        self._limiter = limiter
-        self._request = request
-        self._priority = priority
-        self._timeout = timeout
-        self._scopes = scopes
-        # The backend's lease, None before the grant. A backend's permit type
-        # may keep something cheaper there until a lease is needed: read what
-        # it holds with _get_lease(), and only test this for None.
-        self._lease: Any = None
-        # Nested in permits this task holds: (permit, the scopes shared with it).
-        self._shared: tuple[tuple[Permit, frozenset[str]], ...] | None = None
-        # Whether acquires inside its ``async with`` block nest in it (adapters
-        # turn it off for the requests they send).
-        self._encloses = True
-        # While held in ``async with``: the task holding it, and the permit of
-        # the same limiter that task held when it entered this one.
-        self._task: object = None
-        self._outer: Permit | None = None
-        self.recorded = False
+    # Made by Limiter.acquire(), which sets every field (without an __init__
+    # call: a permit per request is the hot path).
+    _limiter: Limiter
+    _request: Any
+    _scopes: ScopesLike | None
+    _priority: int
+    _timeout: float | None
+    # The backend's lease, None before the grant. A backend's permit type
+    # may keep something cheaper there until a lease is needed: read what
+    # it holds with _get_lease(), and only test this for None.
+    _lease: Any
+    # Nested in permits this task holds: (permit, the scopes shared with it).
+    _shared: tuple[tuple[Permit, frozenset[str]], ...] | None
+    # Whether acquires inside its ``async with`` block nest in it (adapters
+    # turn it off for the requests they send).
+    _encloses: bool
+    # While held in ``async with``: the task holding it, and the permit of
+    # the same limiter that task held when it entered this one.
+    _task: object
+    _outer: Permit | None
+    # Whether record() has been called.
+    recorded: bool
 
     def __repr__(self) -> str:
         lease = self._get_lease()
@@ -205,8 +201,11 @@ class Permit:
         """The ``async with`` block is left: acquires of its task no longer nest in it."""
         task = self._task
         self._task = None
+        self._unheld(task, self._limiter._held.pop(task, None))
+
+    def _unheld(self, task: object, top: Permit | None) -> None:
+        """The rest of :meth:`_unhold` once ``top``, the task's innermost hold, is popped."""
         held = self._limiter._held
-        top = held.pop(task, None)
         if top is self:
             outer = self._outer
             while outer is not None and outer._task is None:

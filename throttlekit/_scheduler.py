@@ -226,6 +226,10 @@ class Scheduler:
             heapq.heappop(heap)
             ledger.listed_at = INF
             del scopes[ledger.name]
+            # Never granted from again, even if a cache (the limiter's URL to
+            # ledger map) still holds it: the fast path takes plain ledgers
+            # only, and feedback makes no ledger plain (it adds controllers).
+            ledger.plain = False
 
     def iter_scopes(self) -> Iterator[ScopeLedger]:
         return iter(self.scopes.values())

@@ -415,14 +415,12 @@ class LimiterMetrics:
 class _MeteredPermit(Permit):
     """A :class:`Permit` that reports to its limiter's :class:`LimiterMetrics`."""
 
-    __slots__ = ("_groups", "_started")
+    # No __slots__: its two fields start as these class attributes (the
+    # limiter makes permits without an __init__ call).
+    _groups: tuple[str, ...] | None = None  # while held: the groups counted active
+    _started = False
 
     _metrics: LimiterMetrics  # set on the subclass made for each instrumented limiter
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._groups: tuple[str, ...] | None = None  # while held: the groups counted active
-        self._started = False
 
     async def __aenter__(self) -> Permit:
         metrics = self._metrics

@@ -23,6 +23,7 @@ from .._clock import now as _now
 from .._clock import now_or_monotonic
 from .._controller import Feedback
 from .._errors import Overloaded, ThrottleTimeout
+from .._ledger import ScopeLedger
 from .._permit import Permit
 from .._policy import ScopePolicy
 from .._scheduler import CANCELLED, GRANTED, RELEASED, WAITING, Scheduler, Ticket
@@ -39,20 +40,22 @@ _tasks = _clock.tasks
 class MemoryPermit(Permit):
     """The permit of a limiter whose scopes live in memory: the uncontended case inline.
 
-    A request of one scope of cost 1 whose name is known without resolving
-    (a URL string the limiter has resolved before with the default resolver,
+    A request of one scope of cost 1 whose ledger is known without resolving
+    (a URL string the limiter has granted before with the default resolver,
     or ``scopes="name"``), on a *plain* scope (no controller, quota, slot
     delay or jitter in force), with room now in that scope and the global
     cap and nobody queued on either, is granted right here, and given back
     the same way. Anything else takes the general path of :class:`Permit`.
 
-    Such a grant is kept as ``(ledger, sent_at, state)`` until something
-    needs its :class:`~throttlekit._scheduler.Ticket` (feedback, nesting,
-    the permit's scopes): most requests never do, and a tuple costs a
-    fraction of a ticket.
+    Such a grant keeps only its ledger (and the time) until something needs
+    its :class:`~throttlekit._scheduler.Ticket` (feedback, nesting, the
+    permit's scopes): most requests never do, and a ticket costs a fifth of
+    the whole operation.
     """
 
-    __slots__ = ()
+    # The grant time of a fast grant (its lease is then the ledger itself,
+    # and ``(ledger, sent_at)`` once released).
+    __slots__ = ("_sent_at",)
 
     async def __aenter__(self) -> Permit:
         loop, clock = _clock._running
@@ -64,50 +67,76 @@ class MemoryPermit(Permit):
         if task is None:  # trio, or an asyncio loop that _clock has not cached
             task = _current_task()
             now = _now()
-        held = self._limiter._held
-        # A task that holds a permit of this limiter may be nesting: general path.
-        if task is not None and task not in held and self._grant_now(now):
-            if self._encloses:
-                self._task = task
-                held[task] = self
-            return self
-        return await super().__aenter__()
+        limiter = self._limiter
+        held = limiter._held
+        # _grant_now, inline (a call would cost a tenth of the operation). A
+        # task that holds a permit of this limiter may be nesting: general path.
+        if task not in held and self._lease is None and self._shared is None:
+            scopes = self._scopes
+            if scopes is None:
+                request = self._request
+                ledger = limiter._hosts.get(request) if type(request) is str else None
+            elif type(scopes) is str:
+                ledger = limiter._local._ledgers.get(scopes)
+            else:
+                ledger = None
+            if type(ledger) is ScopeLedger and ledger.plain and not ledger.queue:
+                gate = limiter._local._gate
+                limit = gate.limit
+                concurrency = ledger.concurrency
+                if (
+                    (limit is None or (gate.in_flight < limit and not gate.queue))
+                    and (concurrency is None or ledger.in_flight < concurrency)
+                    and ledger.next_send_at <= now
+                    and ledger.blocked_until <= now
+                ):
+                    ledger.in_flight += 1
+                    ledger.factor = 1.0
+                    ledger.next_send_at = now + ledger.delay
+                    gate.in_flight += 1
+                    self._sent_at = now
+                    self._lease = ledger
+                    if self._encloses:
+                        self._task = task
+                        held[task] = self
+                    return self
+        await super().__aenter__()
+        self._remember()
+        return self
 
     def _enter_nowait(self) -> None:
         loop, clock = _clock._running
         now = clock() if loop is not None and loop._thread_id == _get_ident() else _now()
         if not self._grant_now(now):
             super()._enter_nowait()
+            self._remember()
 
     def _grant_now(self, now: float) -> bool:
-        """Grant on the fast path at ``now`` if it applies (see the class); else ``False``."""
+        """Grant on the fast path at ``now`` if it applies (see the class); else ``False``.
+
+        :meth:`__aenter__` has the same lines inline: keep them alike.
+        """
         if self._lease is not None or self._shared is not None:
             return False  # entered twice: the general path says so
+        limiter = self._limiter
         scopes = self._scopes
         if scopes is None:
             request = self._request
-            if type(request) is not str:
-                return False
-            scope = self._limiter._hosts.get(request)  # filled by the general path
-            if scope is None:
-                return False
+            ledger = limiter._hosts.get(request) if type(request) is str else None
         elif type(scopes) is str:
-            scope = scopes
+            ledger = limiter._local._ledgers.get(scopes)
         else:
             return False
-        core = self._limiter._backend.core  # type: ignore[attr-defined]
-        ledger = core.scopes.get(scope)
-        if ledger is None or not ledger.plain or ledger.queue:
+        if type(ledger) is not ScopeLedger or not ledger.plain or ledger.queue:
             return False
-        gate = core.gate
+        gate = limiter._local._gate
         limit = gate.limit
-        if limit is not None and (gate.in_flight >= limit or gate.queue):
-            return False
+        concurrency = ledger.concurrency
         # A plain scope: only its concurrency, delay and a server block bind
         # (ScopeLedger.ready_at and grant, inline).
-        concurrency = ledger.concurrency
         if (
-            (concurrency is not None and ledger.in_flight >= concurrency)
+            (limit is not None and (gate.in_flight >= limit or gate.queue))
+            or (concurrency is not None and ledger.in_flight >= concurrency)
             or ledger.next_send_at > now
             or ledger.blocked_until > now
         ):
@@ -116,18 +145,34 @@ class MemoryPermit(Permit):
         ledger.factor = 1.0
         ledger.next_send_at = now + ledger.delay
         gate.in_flight += 1
-        self._lease = (ledger, now, GRANTED)
+        self._sent_at = now
+        self._lease = ledger
         return True
+
+    def _remember(self) -> None:
+        """After a grant on the general path: the URL's ledger, for the fast path."""
+        lease = self._lease
+        request = self._request
+        if self._scopes is None and type(lease) is Ticket and type(request) is str:
+            hosts = self._limiter._hosts
+            if request in hosts:  # resolved by the default resolver: one scope, cost 1
+                hosts[request] = lease.ledgers[0]
 
     def _get_lease(self) -> Ticket | None:
         lease = self._lease
-        if type(lease) is tuple:  # a fast grant: its ticket, from now on
-            ledger, sent_at, state = lease
-            lease = self._lease = Ticket((ledger,), _COST_ONE, self._priority, -1)
-            lease.state = state
-            lease.granted_at = sent_at
-            lease.quota_entries = _NO_ENTRY
-        return lease  # type: ignore[no-any-return]
+        if type(lease) is ScopeLedger:  # a fast grant: its ticket, from now on
+            ticket = Ticket((lease,), _COST_ONE, self._priority, -1)
+            ticket.state = GRANTED
+            ticket.granted_at = self._sent_at
+        elif type(lease) is tuple:  # a fast grant, released
+            ticket = Ticket((lease[0],), _COST_ONE, self._priority, -1)
+            ticket.state = RELEASED
+            ticket.granted_at = lease[1]
+        else:
+            return lease  # type: ignore[no-any-return]
+        ticket.quota_entries = _NO_ENTRY
+        self._lease = ticket
+        return ticket
 
     async def __aexit__(
         self,
@@ -135,20 +180,15 @@ class MemoryPermit(Permit):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._task is not None:
-            self._unhold()
-        MemoryPermit.release(self)  # not an override's: instrumentation counts its own
-
-    def release(self) -> None:
-        """Give back the concurrency this permit holds (idempotent)."""
-        lease = self._lease
-        if type(lease) is tuple:
-            ledger, sent_at, state = lease
-            if state != GRANTED:
-                return
-            gate = self._limiter._backend.core.gate  # type: ignore[attr-defined]
-            # Inline when it frees nothing anybody waits for and the scope
-            # stays listed among the idle ones (else Scheduler.release does it).
+        task = self._task
+        if task is not None:  # Permit._unhold, its usual case inline
+            self._task = None
+            top = self._limiter._held.pop(task, None)
+            if top is not self or self._outer is not None:
+                self._unheld(task, top)
+        ledger = self._lease
+        if type(ledger) is ScopeLedger:  # release's fast case, inline
+            gate = self._limiter._local._gate
             if (
                 ledger.plain
                 and not ledger.waiting
@@ -157,11 +197,32 @@ class MemoryPermit(Permit):
             ):
                 ledger.in_flight -= 1
                 gate.in_flight -= 1
-                self._lease = (ledger, sent_at, RELEASED)
+                self._lease = (ledger, self._sent_at)
+                return
+        MemoryPermit.release(self)  # not an override's: instrumentation counts its own
+
+    def release(self) -> None:
+        """Give back the concurrency this permit holds (idempotent)."""
+        lease = self._lease
+        if type(lease) is ScopeLedger:
+            gate = self._limiter._local._gate
+            # Inline when it frees nothing anybody waits for and the scope
+            # stays listed among the idle ones (else Scheduler.release does it).
+            if (
+                lease.plain
+                and not lease.waiting
+                and not gate.queue
+                and (lease.in_flight > 1 or lease.listed_at != INF)
+            ):
+                lease.in_flight -= 1
+                gate.in_flight -= 1
+                self._lease = (lease, self._sent_at)
                 return
             lease = self._get_lease()
+        elif type(lease) is tuple:
+            return  # released already
         if lease is not None:
-            self._limiter._backend.release_nowait(lease)
+            self._limiter._local.release_nowait(lease)
 
 
 class MemoryBackend:
@@ -194,6 +255,9 @@ class MemoryBackend:
             max_idle=max_idle,
             rng=rng,
         )
+        # What the fast path of MemoryPermit reads, one attribute away.
+        self._ledgers = self.core.scopes
+        self._gate = self.core.gate
         self._timekeeper: Ticket | None = None
         self._armed = INF
         self._sleepers: deque[Ticket] = deque()
