@@ -115,8 +115,9 @@ async def _uncontended(config: RunConfig, result: SuiteResult) -> None:
         "the fast path shows there even when the timings are noisy."
     )
     result.notes.append(
-        "Besides a Semaphore's counter, throttlekit's uncontended acquire finds the URL's "
-        "scope (a dict of recent URLs), reads the clock, checks the scope's concurrency, "
+        "Besides a Semaphore's counter, throttlekit's uncontended acquire makes a permit, "
+        "finds the URL's scope (a dict of recent URLs to their scopes' ledgers), reads the "
+        "clock, checks the scope's concurrency, "
         "delay and server block and the global cap, and, in 'async with', records the "
         "permit with its task so that acquires nested in the block share its scopes; "
         "acquire_nowait records nothing (nothing nests in a 'with' block)."
@@ -328,15 +329,16 @@ async def _scopes(config: RunConfig, result: SuiteResult) -> None:
     result.notes.append(
         f"A ScopeLedger object itself is {any_mem['ledger_object_bytes']:.0f} bytes "
         "(sys.getsizeof); the rest of a scope's cost is its name, its entries in the "
-        "limiter's scope map, idle heap and URL-to-host cache, and per-policy state."
+        "limiter's scope map, idle heap and URL cache, and per-policy state."
     )
     top_ns = median("throttlekit", largest)
     result.notes.append(
         f"At {largest:,} scopes an operation costs {fmt_ns(top_ns - base)} more than at one "
-        "scope. Every URL stays in the limiter's URL-to-host cache (131,072 entries), so "
-        "nothing is parsed again; what grows is memory latency: a round-robin over that "
-        "many scopes finds the URL's cache entry, the scope map entry and the ledger "
-        "outside the CPU caches on every operation. The peers pay the same kind of cost "
+        "scope. Every URL stays in the limiter's URL cache (131,072 entries, each URL to "
+        "its scope's ledger), so nothing is parsed or looked up twice; what grows is "
+        "memory latency: a round-robin over that many scopes finds the URL, its cache "
+        "entry and the ledger outside the CPU caches on every operation. The peers pay "
+        "the same kind of cost "
         "for their one dict entry and limiter object per host."
     )
     result.data["per_op"] = {str(size): timings[f"throttlekit|{size}"].to_json() for size in sizes}

@@ -69,8 +69,9 @@ class MemoryPermit(Permit):
             now = _now()
         limiter = self._limiter
         held = limiter._held
-        # _grant_now, inline (a call would cost a tenth of the operation). A
-        # task that holds a permit of this limiter may be nesting: general path.
+        # The grant (as in _enter_nowait: keep them alike), inline: a call
+        # would cost a tenth of the operation. A task that holds a permit of
+        # this limiter may be nesting: general path.
         if task not in held and self._lease is None and self._shared is None:
             scopes = self._scopes
             if scopes is None:
@@ -107,17 +108,8 @@ class MemoryPermit(Permit):
     def _enter_nowait(self) -> None:
         loop, clock = _clock._running
         now = clock() if loop is not None and loop._thread_id == _get_ident() else _now()
-        if not self._grant_now(now):
-            super()._enter_nowait()
-            self._remember()
-
-    def _grant_now(self, now: float) -> bool:
-        """Grant on the fast path at ``now`` if it applies (see the class); else ``False``.
-
-        :meth:`__aenter__` has the same lines inline: keep them alike.
-        """
-        if self._lease is not None or self._shared is not None:
-            return False  # entered twice: the general path says so
+        # The grant of __aenter__ (the same lines: keep them alike), then the
+        # general path's try_acquire. A permit of acquire_nowait() is fresh.
         limiter = self._limiter
         scopes = self._scopes
         if scopes is None:
@@ -126,28 +118,26 @@ class MemoryPermit(Permit):
         elif type(scopes) is str:
             ledger = limiter._local._ledgers.get(scopes)
         else:
-            return False
-        if type(ledger) is not ScopeLedger or not ledger.plain or ledger.queue:
-            return False
-        gate = limiter._local._gate
-        limit = gate.limit
-        concurrency = ledger.concurrency
-        # A plain scope: only its concurrency, delay and a server block bind
-        # (ScopeLedger.ready_at and grant, inline).
-        if (
-            (limit is not None and (gate.in_flight >= limit or gate.queue))
-            or (concurrency is not None and ledger.in_flight >= concurrency)
-            or ledger.next_send_at > now
-            or ledger.blocked_until > now
-        ):
-            return False
-        ledger.in_flight += 1
-        ledger.factor = 1.0
-        ledger.next_send_at = now + ledger.delay
-        gate.in_flight += 1
-        self._sent_at = now
-        self._lease = ledger
-        return True
+            ledger = None
+        if type(ledger) is ScopeLedger and ledger.plain and not ledger.queue:
+            gate = limiter._local._gate
+            limit = gate.limit
+            concurrency = ledger.concurrency
+            if (
+                (limit is None or (gate.in_flight < limit and not gate.queue))
+                and (concurrency is None or ledger.in_flight < concurrency)
+                and ledger.next_send_at <= now
+                and ledger.blocked_until <= now
+            ):
+                ledger.in_flight += 1
+                ledger.factor = 1.0
+                ledger.next_send_at = now + ledger.delay
+                gate.in_flight += 1
+                self._sent_at = now
+                self._lease = ledger
+                return
+        super()._enter_nowait()
+        self._remember()
 
     def _remember(self) -> None:
         """After a grant on the general path: the URL's ledger, for the fast path."""
