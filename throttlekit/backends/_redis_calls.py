@@ -54,12 +54,14 @@ GRACE: Final = 0.4
 #: Tries of a version-checked write before the feedback is dropped (a busy scope).
 _WRITE_TRIES: Final = 8
 _ZERO: Final = b"0"
+_ONE: Final = bulk(b"1.0")
 _USED: Final = bulk(b"1")
 _UNUSED: Final = bulk(b"0")
 _NOT_WANTED: Final = bulk(b"0")
 _WANTED: Final = bulk(b"1")
 _AS_DECLARED: Final = bulk(b"-1")
 _NO_WRITE: Final = bulk(b"") * 4
+_NO_POLICY: Final = bulk(b"")
 
 #: A release waits for its reply when its lease may lapse within this many
 #: seconds (plus a tenth of ``lease_time``): the reply then says whether it had.
@@ -252,7 +254,8 @@ class ScriptCalls:
             encoded_keys.append(encoded)
             more = _ZERO if extra is None else b"%d" % extra[index]
             want = _WANTED if policy_args.controlled else _NOT_WANTED
-            args += (bulk_of(cost), bulk_of(rng.random()), bulk(more), want, policy_args.encoded)
+            cost_arg = _ONE if cost == 1.0 else bulk_of(cost)
+            args += (cost_arg, bulk_of(rng.random()), bulk(more), want, policy_args.encoded)
         tombstone = keys[0][:-1] + b"X:" + lease_id  # of a given-up call
         keys.append(tombstone)
         encoded_keys[0] = bulk(b"%d" % len(keys))
@@ -428,7 +431,10 @@ class ScriptCalls:
             amount = _AS_DECLARED
             if consumed is not None and scope in consumed:
                 amount = bulk_of(max(0.0, float(consumed[scope])))
-            fixed.append(self._scope(scope)[2] + amount + want + policy_args.encoded)
+            policy = policy_args.encoded
+            if want is _NOT_WANTED and not policy_args.booked:
+                policy = _NO_POLICY  # (the script has nothing to read it for)
+            fixed.append(self._scope(scope)[2] + amount + want + policy)
         later: Settle | None = None
         if not quiet and not wanted and now < lease.expires - _SURE - 0.1 * self.lease_time:
 

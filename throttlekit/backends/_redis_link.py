@@ -211,6 +211,8 @@ class Link:
         self._owed: dict[Any, list[Settle]] = {}
         #: The scripts Redis is known to hold (only those are sent without waiting).
         self._loaded: set[bytes] = set()
+        #: Kept connections found closed, to give back to the pool.
+        self._closed: list[Any] = []
 
     def __repr__(self) -> str:
         owed = sum(map(len, self._owed.values()))
@@ -236,7 +238,10 @@ class Link:
         whose replies it owed get the exception.
         """
         for attempt in (0, 1):
-            connection, kept = await self._take()
+            connection = self._kept()
+            kept = connection is not None
+            if connection is None:
+                connection = await self._connection()
             owed = self._owed.pop(connection, None)
             try:
                 await connection.send_packed_command(command, check_health=False)
@@ -288,19 +293,26 @@ class Link:
                 reply = exc
             owed.pop(0)(reply)
 
-    async def _take(self) -> tuple[Any, bool]:
-        """A connection, and whether it was kept from an earlier call."""
+    def _kept(self) -> Any:
+        """A kept connection that is still open, or ``None``."""
         idle = self._idle
         while idle:
             connection = idle.pop()
             if connection.is_connected:
-                return connection, True
+                return connection
             owed = self._owed.pop(connection, None)
             if owed:
                 _fail(owed, redis_errors.ConnectionError("the connection was closed"))
-            await self.client.connection_pool.release(connection)
+            self._closed.append(connection)
+        return None
+
+    async def _connection(self) -> Any:
+        """A connection from the client's pool (giving back the kept ones found closed)."""
         pool: Any = self.client.connection_pool
-        return await pool.get_connection(), False
+        closed, self._closed = self._closed, []
+        for connection in closed:
+            await pool.release(connection)
+        return await pool.get_connection()
 
     async def _drop(self, connection: Any, owed: list[Settle] | None, exc: BaseException) -> None:
         """A call failed or was cancelled: its connection may hold a late reply; close it.
@@ -329,7 +341,8 @@ class Link:
 
     async def aclose(self) -> None:
         """Give the kept connections back to the client's pool (once they owe nothing)."""
-        idle, self._idle = self._idle, []
+        idle, self._idle = self._idle + self._closed, []
+        self._closed = []
         for connection in idle:
             owed = self._owed.pop(connection, None)
             if owed:

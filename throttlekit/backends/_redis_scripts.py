@@ -407,7 +407,8 @@ return reply
 #: its quota), channel, state ttl ms; then per scope: scope name, consumed
 #: cost (-1 = as declared), want (0 = no feedback for this scope, 1 = feedback:
 #: its controllers must run if it has stored state, 2 = they must run), the
-#: packed policy, the version read ('' = nothing to write), the new limits,
+#: packed policy ('' when want is 0 and it has no slot delay or quota), the
+#: version read ('' = nothing to write), the new limits,
 #: the states, and the leases in flight the controllers were shown (a write
 #: computed on the state that came with the grant: it stands only if as many
 #: are still in flight; '' = not checked).
@@ -429,6 +430,8 @@ local used = tonumber(ARGV[4])
 local channel = ARGV[5]
 local ttl = tonumber(ARGV[6])
 local n = (#ARGV - 6) / 8
+-- (A release without feedback, slot delay or quota is sent no policy.)
+local NO_POLICY = {slot = 0, quota = -1}
 local scopes = {}
 local pending = {f(now)}
 for i = 1, n do
@@ -437,8 +440,9 @@ for i = 1, n do
   local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
              C = KEYS[k + 5], W = KEYS[k + 6], name = ARGV[b],
              consumed = tonumber(ARGV[b + 1]), want = tonumber(ARGV[b + 2]),
-             p = read_policy(ARGV[b + 3]), ver = ARGV[b + 4], limits = ARGV[b + 5],
+             p = NO_POLICY, ver = ARGV[b + 4], limits = ARGV[b + 5],
              ctl = ARGV[b + 6], flying = ARGV[b + 7]}
+  if ARGV[b + 3] ~= '' then s.p = read_policy(ARGV[b + 3]) end
   local stale = s.want == 2
   if s.ver ~= '' or s.want == 1 or s.p.slot > 0 then
     -- (A release without feedback or slot delay needs no state.)

@@ -103,6 +103,8 @@ class PolicyArgs:
     :param controlled: whether the policy has controllers from the start
         (otherwise only a lazily added backoff may ever run).
     :param encoded: ``packed`` as a RESP bulk string, ready for a command.
+    :param booked: whether a release does bookkeeping with it (a slot delay
+        or a quota); without feedback, a release needs the policy only then.
     """
 
     policy: ScopePolicy
@@ -110,6 +112,7 @@ class PolicyArgs:
     fp: str
     controlled: bool
     encoded: bytes = b""
+    booked: bool = True
 
     @classmethod
     def of(cls, policy: ScopePolicy) -> PolicyArgs:
@@ -126,7 +129,8 @@ class PolicyArgs:
         )
         data = packed.encode()
         encoded = b"$%d\r\n%s\r\n" % (len(data), data)
-        return cls(policy, packed, fp, bool(controllers), encoded)
+        booked = policy.slot_delay > 0 or policy.quota is not None
+        return cls(policy, packed, fp, bool(controllers), encoded, booked)
 
     def wants(self, feedback: Feedback) -> int:
         """What a release must ask for: 2 = the controllers run, 1 = they run if stored."""
