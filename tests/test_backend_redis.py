@@ -26,7 +26,7 @@ import anyio
 import pytest
 import redis
 import redis.asyncio as aioredis
-from _redis import RedisServer, fast, free_port, make_backend
+from _redis import RedisServer, backend_keys, fast, free_port, make_backend
 from aiohttp import web
 from redis.crc import key_slot
 
@@ -632,3 +632,93 @@ async def enter_elsewhere(permit: throttlekit.Permit) -> None:
         tasks.start_soon(enter)
     if error is not None:
         raise error
+
+
+# -- releases that do not wait, feedback in one round trip -------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_release_without_feedback_does_not_wait_and_frees_the_slot(
+    redis_server: RedisServer, admin: aioredis.Redis, prefix: str
+) -> None:
+    first = make_backend(redis_server, prefix)
+    other = make_backend(redis_server, prefix)
+    policy = fast(concurrency=1, delay=0.0)
+    limiter = throttlekit.Limiter(default=policy, backend=first)
+    elsewhere = throttlekit.Limiter(default=policy, backend=other)
+    async with limiter.acquire(scopes="warmup"):
+        pass  # the scripts loaded: only then is a release sent without waiting
+    async with limiter.acquire(scopes="s"):
+        pass
+    assert "owed=1" in repr(first._link)  # sent; its reply is read by the next call
+    # Another process gets the slot at once (its call comes after the release).
+    with anyio.fail_after(1.0):
+        async with elsewhere.acquire(scopes="s", timeout=1.0) as permit:
+            assert permit.scopes == {"s": 1.0}
+    async with limiter.acquire(scopes="s"):
+        assert "owed=0" in repr(first._link)  # this acquire read the reply first
+    await first.aclose()  # confirms the last release before closing
+    assert "owed=0" in repr(first._link)
+    assert await admin.zcard(backend_keys(prefix, "s")[0]) == 0
+    assert first._calls.orphans == []
+    await other.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_release_lost_with_its_connection_is_handed_back(
+    own_redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = make_backend(own_redis_server, prefix, failure="fail_closed")
+    limiter = throttlekit.Limiter(default=fast(concurrency=1, delay=0.0), backend=backend)
+    async with limiter.acquire(scopes="warmup"):
+        pass
+    async with limiter.acquire(scopes="s"):
+        own_redis_server.pause()  # the release is sent, but nobody reads it
+        await anyio.sleep(0.1)  # (the server stopped for sure)
+    own_redis_server.stop()  # SIGKILL while stopped: the release never ran
+    own_redis_server.start()
+    with caplog.at_level(logging.WARNING, logger="throttlekit.backends.redis"):
+        async with limiter.acquire(scopes="s", timeout=2.0) as permit:
+            assert permit.scopes == {"s": 1.0}
+            # The next call found the connection broken: the release is unconfirmed.
+            assert len(backend._calls.orphans) == 1
+        async with limiter.acquire(scopes="s", timeout=2.0):
+            pass
+    assert backend._calls.orphans == []  # handed back by that acquire
+    assert "could not release" in caplog.text
+    assert "had expired" not in caplog.text
+    await backend.aclose()
+
+
+@pytest.mark.anyio
+async def test_feedback_for_the_controllers_takes_one_round_trip_with_the_release(
+    redis_server: RedisServer, admin: aioredis.Redis, prefix: str
+) -> None:
+    policy = fast(concurrency=4, delay=0.0, autothrottle=AutoThrottle(start_delay=0.0))
+    backend = make_backend(redis_server, prefix)
+    limiter = throttlekit.Limiter(default=policy, backend=backend)
+    async with limiter.acquire(scopes="s") as permit:
+        permit.record(status=200, latency=0.4)  # stores the controllers' first state
+    await admin.config_resetstat()
+    acquire_calls = backend.statistics().acquire_calls
+    for _ in range(5):
+        async with limiter.acquire(scopes="s") as permit:
+            permit.record(status=200, latency=0.4)
+    stats = backend.statistics()
+    assert stats.release_calls == 6  # one round trip each
+    assert stats.sync_calls == 0
+    # (Each acquire may take two: the first finds the delay AutoThrottle set.)
+    assert await evalsha_calls(admin) == stats.acquire_calls - acquire_calls + 5
+    # The writes took: AutoThrottle moved the shared delay toward latency / target.
+    assert (await backend.scope_statistics(limiter, "s")).delay > 0.0
+    # Another process's feedback in between moves the version: the release
+    # then reads the newer state and runs the controllers again on it.
+    other = make_backend(redis_server, prefix)
+    elsewhere = throttlekit.Limiter(default=policy, backend=other)
+    async with limiter.acquire(scopes="s") as permit:
+        async with elsewhere.acquire(scopes="s") as theirs:
+            theirs.record(status=200, latency=0.8)  # a new delay: a new version
+        permit.record(status=200, latency=0.4)
+    assert backend.statistics().release_calls == 8  # one more for this release
+    await backend.aclose()
+    await other.aclose()

@@ -474,7 +474,7 @@ class ScriptCalls:
             if not quiet:
                 self._not_released(exc)
             return False
-        if used:
+        if used and not quiet:  # (a lease handed back again may well be gone: no news)
             self._check_found(names, reply)
         return True
 
