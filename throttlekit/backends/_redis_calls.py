@@ -340,7 +340,7 @@ class ScriptCalls:
                 return
             args: list[Any] = [self.now_arg(), self._ttl]
             for index, policy in enumerate(policies):
-                args += (policy.packed, *writes.get(index, ("", "", "")))
+                args += (policy.wire, *writes.get(index, ("", "", "")))
             self.sync_calls += 1
             try:
                 reply = await self.call(SYNC, lease.keys, args, deadline)

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import math
+import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,15 @@ def _limits(fp: str, policy: ScopePolicy, controllers: Sequence[Controller]) -> 
     )
 
 
+def _msgpack(values: Sequence[str]) -> bytes:
+    """``[text, number, ...]`` as a MessagePack array (a str, then float64s)."""
+    text = values[0].encode()
+    if len(values) > 15 or len(text) > 31:
+        raise ValueError("a packed policy is a short text and at most 14 numbers")
+    numbers = b"".join(b"\xcb" + struct.pack(">d", float(value)) for value in values[1:])
+    return bytes((0x90 | len(values), 0xA0 | len(text))) + text + numbers
+
+
 @attrs.frozen
 class PolicyArgs:
     """A policy as the scripts read it, computed once per policy object.
@@ -102,7 +112,9 @@ class PolicyArgs:
     :param fp: its :func:`fingerprint`.
     :param controlled: whether the policy has controllers from the start
         (otherwise only a lazily added backoff may ever run).
-    :param encoded: ``packed`` as a RESP bulk string, ready for a command.
+    :param wire: ``packed`` as the scripts read it: a MessagePack array of
+        the fingerprint and the numbers.
+    :param encoded: ``wire`` as a RESP bulk string, ready for a command.
     :param booked: whether a release does bookkeeping with it (a slot delay
         or a quota); without feedback, a release needs the policy only then.
     """
@@ -111,6 +123,7 @@ class PolicyArgs:
     packed: str
     fp: str
     controlled: bool
+    wire: bytes = b""
     encoded: bytes = b""
     booked: bool = True
 
@@ -127,10 +140,10 @@ class PolicyArgs:
                 _num(policy.window),
             )
         )
-        data = packed.encode()
-        encoded = b"$%d\r\n%s\r\n" % (len(data), data)
+        wire = _msgpack(packed.split(","))
+        encoded = b"$%d\r\n%s\r\n" % (len(wire), wire)
         booked = policy.slot_delay > 0 or policy.quota is not None
-        return cls(policy, packed, fp, bool(controllers), encoded, booked)
+        return cls(policy, packed, fp, bool(controllers), wire, encoded, booked)
 
     def wants(self, feedback: Feedback) -> int:
         """What a release must ask for: 2 = the controllers run, 1 = they run if stored."""

@@ -440,7 +440,7 @@ class RedisBackend:
         """
         policy = limiter.policy(scope)
         calls = self._calls
-        args = [calls.now_arg(), calls.args(policy).packed]
+        args = [calls.now_arg(), calls.args(policy).wire]
         reply = await calls.call(STATE, calls.scope_keys(scope), args, INF)
         waiting = self._line.waiting_on(scope)
         return scope_statistics(scope, policy, reply, _now(), waiting)
