@@ -486,16 +486,16 @@ class ScriptCalls:
 
     def _settled(self, lease: RedisLease, reply: Any) -> None:
         """The reply of a release sent without waiting, read by a later call."""
-        if isinstance(reply, BaseException):
-            # Whether Redis ran it is unknown (or it did not: an error reply):
-            # hand the lease back with the next acquire.
-            if isinstance(reply, UNAVAILABLE):
-                self._not_released(reply)
-            else:
-                logger.debug("a release sent without waiting failed: %r", reply)
-            self.orphans.append(lease)
-        else:
+        if type(reply) is bytes:  # released: "1,now,found"
             self._check_found(list(lease.scopes), reply)
+            return
+        # Whether Redis ran it is unknown (or it did not: an error reply):
+        # hand the lease back with the next acquire.
+        if isinstance(reply, UNAVAILABLE):
+            self._not_released(reply)
+        else:
+            logger.debug("a release sent without waiting got %r", reply)
+        self.orphans.append(lease)
 
     def _not_released(self, exc: BaseException) -> None:
         logger.warning(

@@ -217,10 +217,10 @@ end
 #: = its delay, which is ``delay`` seconds), 3 = this lease id was handed
 #: back already.
 #:
-#: An uncontended grant makes eight calls: TIME, the tombstone and retry
-#: checks, the state, the live leases (only with a concurrency limit), the
-#: lease, the bookkeeping, and the two expiry checks (an expiry is written
-#: only when it must move).
+#: An uncontended grant makes eight Redis calls: TIME, the tombstone and
+#: retry checks, the state, the lease, the bookkeeping and two expiry checks
+#: (an expiry is written only when it must move); a ninth counts the live
+#: leases under a concurrency limit.
 ACQUIRE = (
     _COMMON
     + r"""
@@ -413,16 +413,16 @@ return reply
 #: cost (-1 = as declared), want (0 = no feedback for this scope, 1 = feedback:
 #: its controllers must run if it has stored state, 2 = they must run), the
 #: packed policy ('' when want is 0 and it has no slot delay or quota), the
-#: version read ('' = nothing to write), the new limits,
-#: the states, and the leases in flight the controllers were shown (a write
-#: computed on the state that came with the grant: it stands only if as many
-#: are still in flight; '' = not checked).
+#: version read ('' = nothing to write), the new limits, the states, and the
+#: leases in flight the controllers were shown (a write computed on the state
+#: that came with the grant stands only if as many are still in flight; '' =
+#: not checked).
 #:
 #: The controllers run before the release, as they would in memory (feedback
 #: comes while the request is in flight): if a scope that wants feedback
-#: carries no write, or a write's version (or in-flight count) moved, nothing changes and the
-#: reply is ``{0, now_ms, <controller states>...}`` (run them, then call
-#: again). Otherwise every write is stored, the lease released, and the reply
+#: carries no write, or a write's version (or in-flight count) moved, nothing
+#: changes and the reply is ``{0, now_ms, <controller states>...}`` (run
+#: them, then call again). Otherwise every write is stored, the lease released, and the reply
 #: is the string ``"1,now_ms,found"``, ``found`` the number of scopes where
 #: the lease was still valid (fewer than the scopes: it had expired).
 RELEASE = (
