@@ -277,8 +277,8 @@ class ScriptCalls:
                     await self.hand_back_orphans(INF, quiet=True)
             raise
         after = _now()
-        if type(reply) is bytes:  # a grant, and nothing for the controllers
-            reply = reply.split(b",")
+        if type(reply) is bytes:  # a grant: one string
+            reply = reply.split(b"\n") if b"\n" in reply else reply.split(b",")
         wait = float(reply[1]) / 1000.0
         if int(reply[0]) != 1:
             self._sample_clock(float(reply[4]), after)

@@ -204,11 +204,12 @@ end
 #: the controllers' state with the grant (1: its policy has controllers), and
 #: the packed policy.
 #: Replies ``"1,wait_ms,send_at_ms,now_ms"`` (granted: send after
-#: ``wait_ms``; one string, the cheapest reply to read), or ``{1, wait_ms,
-#: send_at_ms, now_ms, due, <controller states>...}``: the states, seven
-#: values each (see ``controller_state``), first of the ``due`` scopes whose
-#: controllers must run ``on_send`` now, then of those that have stored
-#: state or whose caller wants it (for the feedback of the release), or
+#: ``wait_ms``; one string, the cheapest reply to read), or the values ``1,
+#: wait_ms, send_at_ms, now_ms, due, <controller states>...`` in one string,
+#: one per line: the states, seven values each (see ``controller_state``),
+#: first of the ``due`` scopes whose controllers must run ``on_send`` now,
+#: then of those that have stored state or whose caller wants it (for the
+#: feedback of the release), or
 #: ``{0, wait_ms, scope_index, reason, now_ms[, turn_ms, reopens_ms, cause,
 #: delay]}`` with reason 1 = concurrency full (wait for a release or the
 #: earliest lease expiry), 2 = delay, slot delay, quota or server block (try
@@ -369,7 +370,7 @@ if #due + #kept == 0 then return '1,' .. f(t - now) .. ',' .. t_text .. ',' .. n
 local reply = {1, f(t - now), t_text, now_text, #due / 7}
 for m = 1, #due do reply[#reply + 1] = due[m] end
 for m = 1, #kept do reply[#reply + 1] = kept[m] end
-return reply
+return table.concat(reply, '\n')  -- (JSON holds no raw newline)
 """
 )
 
