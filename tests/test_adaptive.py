@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from typing import Any
 
 import attrs
@@ -18,7 +19,10 @@ from throttlekit.testing import (
     CapacityServer,
     FlakyServer,
     QuotaServer,
+    Responder,
     ServerModel,
+    SimRequest,
+    SimResponse,
     Trace,
     assert_respects,
     burst,
@@ -62,6 +66,31 @@ def _run(
 # -- policy limits --------------------------------------------------------------------
 
 
+@attrs.frozen
+class HourlyHeaders:
+    """``server``, with X-RateLimit headers of an hourly quota of 5,000 on every answer."""
+
+    server: ServerModel
+
+    def start(self, rng: random.Random) -> Responder:
+        respond = self.server.start(rng)
+        used = 0
+
+        def answer(request: SimRequest, now: float) -> SimResponse:
+            nonlocal used
+            used += 1
+            response = respond(request, now)
+            headers = {
+                **response.headers,
+                "X-RateLimit-Limit": "5000",
+                "X-RateLimit-Remaining": str(max(0, 5000 - used)),
+                "X-RateLimit-Reset": str(math.ceil(3600 - now)),
+            }
+            return attrs.evolve(response, headers=headers)
+
+        return answer
+
+
 #: site: (server, allowed rate, the share of it required over the second half).
 POLICY_SITES: dict[str, tuple[ServerModel, float, float]] = {
     "sliding quota, Retry-After: 1": (
@@ -90,6 +119,30 @@ POLICY_SITES: dict[str, tuple[ServerModel, float, float]] = {
             limit=60, window=10.0, retry_after=None, rate_limit_headers="x-ratelimit", latency=0.05
         ),
         6.0,
+        0.95,
+    ),
+    # Headers that count the quota without saying its window: they pace the
+    # scope alone (the rate loop's own pace spread each window's sends until
+    # the last answer's whole-second reset skipped the next window: 75 %).
+    "fixed window, RateLimit-Limit/-Remaining/-Reset": (
+        QuotaServer(
+            limit=10, window=1.0, retry_after=None, rate_limit_headers="legacy", latency=0.05
+        ),
+        10.0,
+        0.92,
+    ),
+    "fixed window, X-RateLimit, whole-second reset": (
+        QuotaServer(
+            limit=10, window=1.0, retry_after=None, rate_limit_headers="x-ratelimit", latency=0.05
+        ),
+        10.0,
+        0.92,
+    ),
+    # An hourly quota in the headers, and a per-second limit they do not
+    # show: its refusals come with quota left, and the rate loop finds it.
+    "a limit the headers do not show": (
+        HourlyHeaders(QuotaServer(limit=5, window=1.0, sliding=True, retry_after=1, latency=0.05)),
+        5.0,
         0.95,
     ),
 }

@@ -81,7 +81,9 @@ class Adaptive:
       through pauses longer than it was open has a long window: the rate
       becomes what got through over the time it took to reopen. The rate
       never exceeds twice the measured send rate, so an idle scope does not
-      earn a burst.
+      earn a burst. When the server counts its quota in headers (remaining
+      and reset), they pace the scope and the rate loop stands aside, until
+      a refusal comes with quota left (a limit the headers do not show).
     * **Concurrency** (capacity: latency grows with load). It compares the
       mean latency of each round of responses (30, or those of two seconds
       when they come slowly, at least 3) with the lowest
@@ -149,6 +151,7 @@ class AdaptiveState(SlotState):
         "cut_at",
         "edge",
         "empty",
+        "headers_short",
         "hold_for",
         "latency",
         "limit_growing",
@@ -198,6 +201,7 @@ class AdaptiveState(SlotState):
         self.closed_at = -INF  # when the server last closed (refusing through pauses)
         self.resumed_at = INF  # when sending resumed after the last pause (inf: not yet sent)
         self.blocked_until = -INF
+        self.headers_short = False  # refused with quota left: the headers miss a limit
         # [sent_at, accepted (1 or 0)] of answered sends, oldest first.
         self.sends: list[list[float]] = []  # [sent_at, 1 or 0]
         self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last _OUTCOMES
@@ -243,9 +247,21 @@ class AdaptiveState(SlotState):
         if self.run_at is None:
             self.run_at = self.resumed_at = sent_at
         info = feedback.rate_limit
-        if info is not None and info.limit is not None and info.window is not None:
-            self._stated_quota(scope, info.limit / info.window, now)
         kind = self._classify(feedback)
+        remaining = info.remaining if info is not None else None
+        # A refusal with quota left (or none counted) is a limit the headers
+        # do not show: from then on the rate loop finds it.
+        unexplained = kind == "throttle" and (remaining is None or remaining > 0)
+        if unexplained:
+            self.headers_short = True
+        elif (
+            not self.headers_short
+            and info is not None
+            and remaining is not None
+            and info.reset is not None
+        ):
+            limit, window = info.limit, info.window
+            self._stated_quota(scope, limit / window if limit and window else None, now)
         self._count(sent_at, accepted=kind == "ok")
         if kind == "ok" and sent_at >= self.run_at:
             self.run_ok += 1
@@ -254,10 +270,9 @@ class AdaptiveState(SlotState):
             if self.empty >= 2:
                 self._reopened(scope, sent_at, now)
         self._remember(1 if kind == "overload" else 0)
-        if kind == "throttle":
-            quota_headers = info is not None and info.remaining is not None
+        if unexplained:
             wait = (info.retry_after if info is not None else None) or 0.0
-            if sent_at > self.cut_at and not quota_headers:
+            if sent_at > self.cut_at:
                 self._on_throttle(scope, sent_at, now, wait)
         elif kind == "overload":
             if self._overloaded():
@@ -504,17 +519,21 @@ class AdaptiveState(SlotState):
             "scope %s: reopened after %.1f s: %.3f/s over the window", scope.name, window, edge
         )
 
-    def _stated_quota(self, scope: ScopeView, rate: float, now: float) -> None:
-        """The server states its quota (limit per window): its headers pace the scope.
+    def _stated_quota(self, scope: ScopeView, rate: float | None, now: float) -> None:
+        """The server counts its quota in headers (remaining, reset): they pace the scope.
 
         The scope's backoff keeps no more in flight than remains and waits
         for the reset when nothing does; the rate loop stands aside (it would
-        only add waits that headers rounded to whole seconds make costly).
+        only add waits that headers rounded to whole seconds make costly)
+        until a refusal comes that the headers do not explain. ``rate`` is
+        the quota per second when the headers state its window.
         """
-        if self.edge != rate or self.phase != "stated":
-            logger.debug("scope %s: the server states a quota of %.3f/s", scope.name, rate)
-            self.reason = f"adaptive: the server's quota is {rate:.3g}/s"
-        self.edge = self.target = rate
+        if self.phase != "stated" or self.edge != rate:
+            shown = "with no window stated" if rate is None else f"of {rate:.3g}/s"
+            logger.debug("scope %s: the server counts a quota %s", scope.name, shown)
+            self.reason = f"adaptive: the server's headers count its quota ({shown})"
+        self.edge = rate
+        self.target = INF if rate is None else rate
         self.rate = INF
         self.phase, self.phase_at = "stated", now
 
