@@ -121,6 +121,21 @@ POLICY_SITES: dict[str, tuple[ServerModel, float, float]] = {
         6.0,
         0.95,
     ),
+    # A window of seconds, bare 429s: learned from how long the server stays
+    # closed after the first burst, then counted over (it was counted over a
+    # second: 85 % with 10 % refused, a probe read as a rise every hold).
+    "50 per sliding 10 s, bare 429": (
+        QuotaServer(
+            limit=50,
+            window=10.0,
+            sliding=True,
+            retry_after=None,
+            latency=0.05,
+            reject_latency=0.001,
+        ),
+        5.0,
+        0.95,
+    ),
     # Headers that count the quota without saying its window: they pace the
     # scope alone (the rate loop's own pace spread each window's sends until
     # the last answer's whole-second reset skipped the next window: 75 %).
@@ -200,11 +215,11 @@ def test_a_long_window_is_learned_from_how_long_the_server_stays_closed(backend:
     trace = _run(server, 300.0, backend)
     first = [r for r in trace.requests if r.sent is not None and r.sent < 60]
     assert sum(1 for r in first if r.status == 429) <= 10
-    assert _ok_rate(trace, 70, 300) >= 0.9 * 1.0
+    assert _ok_rate(trace, 70, 300) >= 0.95 * 1.0
     late = [r for r in trace.requests if r.sent is not None and r.sent >= 70]
     # A MISS of the < 2 % target: each probe above a long window's edge
-    # costs a few refusals before the window turns over.
-    assert sum(1 for r in late if r.status == 429) / len(late) < 0.06
+    # costs a refusal or two (a full window lets go of one request at a time).
+    assert sum(1 for r in late if r.status == 429) / len(late) < 0.035
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -25,7 +25,8 @@ INF = math.inf
 
 #: Statuses that mean "overloaded" when they carry no ``Retry-After``.
 _OVERLOAD_CODES = frozenset({500, 502, 503, 504, 520, 521, 522, 523, 524})
-#: The horizon (seconds) over which a throttle's edge is measured.
+#: The horizon (seconds) over which a throttle's edge is measured, until the
+#: server shows a longer window.
 _EDGE_HORIZON = 1.0
 #: Answered sends remembered (``[sent_at, accepted]``): the last two horizons, at most
 #: this many (above 128/s a request is under 1 % of the count; the state stays small).
@@ -79,7 +80,8 @@ class Adaptive:
       below the edge doubles, up to half). Refusals of requests sent within
       a second of the last cut are echoes of it. A server that stays closed
       through pauses longer than it was open has a long window: the rate
-      becomes what got through over the time it took to reopen. The rate
+      becomes what got through over the time it took to reopen, and edges
+      are counted over that window from then on. The rate
       never exceeds twice the measured send rate, so an idle scope does not
       earn a burst. When the server counts its quota in headers (remaining
       and reset), they pace the scope and the rate loop stands aside, until
@@ -153,6 +155,7 @@ class AdaptiveState(SlotState):
         "empty",
         "headers_short",
         "hold_for",
+        "horizon",
         "latency",
         "limit_growing",
         "margin",
@@ -193,6 +196,7 @@ class AdaptiveState(SlotState):
         self.target = INF  # the rate held below the edge
         self.margin = config.headroom  # how far below the edge the target is
         self.hold_for = config.hold
+        self.horizon = _EDGE_HORIZON  # the server's window, as far as it has shown it
         self.cut_at = -INF  # requests sent before this are part of the last cut
         self.ok_since_cut = 0
         self.empty = 0  # throttles in a row with nothing accepted in between
@@ -316,7 +320,7 @@ class AdaptiveState(SlotState):
             sends.append(entry)
         else:  # answers arrive out of send order
             bisect.insort(sends, entry)
-        horizon = sends[-1][0] - 2 * _EDGE_HORIZON - 2 * (self.latency or 0.0)
+        horizon = sends[-1][0] - 2 * self.horizon - 2 * (self.latency or 0.0)
         drop = max(bisect.bisect_left(sends, [horizon]), len(sends) - _SENDS)
         if drop:
             del sends[:drop]
@@ -354,14 +358,14 @@ class AdaptiveState(SlotState):
 
     def _on_throttle(self, scope: ScopeView, sent_at: float, now: float, wait: float) -> None:
         config = self.config
-        horizon = _EDGE_HORIZON
         closed = self.cut_at > -INF and self.ok_since_cut == 0
+        horizon = self.horizon
         if sent_at - self.cut_at < horizon:
-            # An echo: the server's window still holds sends from before the
-            # cut, so it measures nothing. If nothing got through since, let
-            # the window turn over before sending again.
+            # An echo: sent while the server's window still held the sends
+            # from before the cut, so it measures nothing. If nothing got
+            # through since, give it a second before sending again.
             if closed:
-                self.blocked_until = max(self.blocked_until, self.cut_at + horizon)
+                self.blocked_until = max(self.blocked_until, self.cut_at + _EDGE_HORIZON)
             return
         # What the server accepted in the second before the refused send:
         # those that answered, and (about) those still in flight. On a
@@ -422,9 +426,10 @@ class AdaptiveState(SlotState):
 
     def _pause_for_excess(self, sent: float, edge: float, now: float, pause: float) -> None:
         """Block until the server's window has let go of what went out above the edge."""
-        excess = (sent - edge) * _EDGE_HORIZON
+        horizon = self.horizon
+        excess = (sent - edge) * horizon
         if excess > 0:
-            pause = max(pause, min(_EDGE_HORIZON, excess / edge))
+            pause = max(pause, min(horizon, excess / edge))
         if pause:
             self.blocked_until = max(self.blocked_until, now + pause)
 
@@ -445,7 +450,7 @@ class AdaptiveState(SlotState):
         # boundary on their way: within that (and 7 %) it confirms the edge,
         # and the edge stays what the server has let through.
         confirmed = old is not None and abs(edge - old) <= max(
-            0.07 * old, min(1.0 / _EDGE_HORIZON, 0.15 * old)
+            0.07 * old, min(1.0 / self.horizon, 0.15 * old)
         )
         if confirmed:
             assert old is not None
@@ -458,7 +463,9 @@ class AdaptiveState(SlotState):
             self.margin = min(_MAX_MARGIN, 2.0 * self.margin)
         hold = min(config.max_hold, self.hold_for * 2) if confirmed else config.hold
         # Long enough that a probe's cost (one server-imposed wait) stays small.
-        self.hold_for = min(config.max_hold, max(hold, wait / _PROBE_COST))
+        # (And no shorter than the server's window: a probe before the window
+        # has let go of the last one's sends would be judged by them.)
+        self.hold_for = min(config.max_hold, max(hold, wait / _PROBE_COST, self.horizon))
         self.edge = edge
         self.target = edge * (1.0 - self.margin)
         self._pause_for_excess(sent, edge, now, pause)
@@ -483,7 +490,7 @@ class AdaptiveState(SlotState):
         """Count the edge of the last throttle, now that what was in flight then has answered."""
         self.refine_at = INF
         sent_at = self.refine_for
-        horizon = _EDGE_HORIZON
+        horizon = self.horizon
         edge = self._measured(sent_at - horizon, sent_at, accepted=True)
         if edge <= 0:
             return
@@ -510,6 +517,8 @@ class AdaptiveState(SlotState):
         self.target = edge * (1.0 - self.margin)
         self.rate = min(self.target, edge * 0.9)
         self.hold_for = min(self.config.max_hold, max(self.config.hold, window))
+        # Edges are counted, probes judged and echoes told over that window.
+        self.horizon = window
         self.phase, self.phase_at = "recover", now
         self.run_at, self.run_ok = sent_at, 1
         self.reason = (
@@ -548,6 +557,7 @@ class AdaptiveState(SlotState):
         self.phase = "hold"
         self.phase_at = now
         self.hold_for = config.hold
+        self.horizon = _EDGE_HORIZON  # the server's window, as far as it has shown it
         self.cut_at = self.resumed_at = now
         self.ok_since_cut = 0
         limit = self.concurrency if self.concurrency is not None else max(1, scope.in_flight)
@@ -599,8 +609,9 @@ class AdaptiveState(SlotState):
             return
         # probe: slow near the known edge, faster away from it (a convex climb)
         edge = self.edge
-        accepted = self._measured(now - 2.0, now, accepted=True)
-        if edge is not None and accepted > 1.1 * edge and accepted >= 2.5:
+        span = max(2.0, self.horizon)  # a long window accepts a burst until it fills
+        accepted = self._measured(now - span, now, accepted=True)
+        if edge is not None and accepted > 1.1 * edge and accepted * span >= 5:
             # The server accepts well past the old edge (by five requests
             # or more): the limit rose. Search upward as at the start.
             self.phase, self.phase_at = "start", now
