@@ -204,6 +204,27 @@ def test_a_quota_that_drops_and_rises_is_followed(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_after_a_drop_a_rise_is_probed_for_sooner(backend: str) -> None:
+    # With Retry-After: 1 each failed probe costs a second, so a steady edge
+    # is probed about once a minute; after a drop (a limit that moved may
+    # move back) every ``hold`` seconds for a minute, climbing faster.
+    server = QuotaServer(
+        limit=10,
+        window=1.0,
+        sliding=True,
+        retry_after=1,
+        latency=0.05,
+        reject_latency=0.001,
+        changes=((20.0, 5), (40.0, 15)),
+    )
+    trace = _run(server, 90.0, backend)
+    assert _ok_rate(trace, 25, 40) >= 0.85 * 5  # the probes' price while the limit stays
+    assert _time_to(trace, 0.9 * 15, span=5.0) <= 40 + 20  # was past 100 s
+    assert _refused(trace) < 0.02
+    assert_respects(trace, CEILING, retry_after=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_long_window_is_learned_from_how_long_the_server_stays_closed(backend: str) -> None:
     # 60 per sliding minute, bare 429s: the first window is spent before the
     # first refusal says anything, and the server then stays closed for a

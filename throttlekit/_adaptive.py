@@ -39,6 +39,8 @@ _QUEUE_HIGH = 4.0
 #: The share of the time a failed probe may cost (the server's wait after it):
 #: with the 2 % headroom and some unevenness, 95 % of the edge or more.
 _PROBE_COST = 0.015
+#: An edge below this share of the last one means the limit dropped.
+_MOVED = 0.8
 #: The widest the margin below the edge grows when refusals come while holding.
 _MAX_MARGIN = 0.5
 #: The latencies of one round: enough for a stable mean of varied service times, or,
@@ -75,7 +77,9 @@ class Adaptive:
       enough that a probe's cost stays small), then probes upward, slowly at
       first; once the server accepts well past the old edge the limit rose
       and it searches upward as at the start. A refusal while holding means
-      the limit dropped (the edge is measured again at once), or, if the
+      the limit dropped (the edge is measured again at once, and for the
+      next ``max_hold`` seconds it probes every ``hold`` seconds, as a limit
+      that moved may move back), or, if the
       edge has not moved, that sends reach the server unevenly (the margin
       below the edge doubles, up to half). Refusals of requests sent within
       a second of the last cut are echoes of it. A server that stays closed
@@ -159,6 +163,7 @@ class AdaptiveState(SlotState):
         "latency",
         "limit_growing",
         "margin",
+        "moved_at",
         "ok_since_cut",
         "outcomes",
         "phase",
@@ -196,6 +201,7 @@ class AdaptiveState(SlotState):
         self.target = INF  # the rate held below the edge
         self.margin = config.headroom  # how far below the edge the target is
         self.hold_for = config.hold
+        self.moved_at = -INF  # when the limit last dropped
         self.horizon = _EDGE_HORIZON  # the server's window, as far as it has shown it
         self.cut_at = -INF  # requests sent before this are part of the last cut
         self.ok_since_cut = 0
@@ -461,11 +467,20 @@ class AdaptiveState(SlotState):
             # client or network). Hold further below; it narrows again per
             # hold that passes without a refusal.
             self.margin = min(_MAX_MARGIN, 2.0 * self.margin)
-        hold = min(config.max_hold, self.hold_for * 2) if confirmed else config.hold
-        # Long enough that a probe's cost (one server-imposed wait) stays small.
-        # (And no shorter than the server's window: a probe before the window
-        # has let go of the last one's sends would be judged by them.)
-        self.hold_for = min(config.max_hold, max(hold, wait / _PROBE_COST, self.horizon))
+        if old is not None and edge < _MOVED * old:
+            self.moved_at = now  # the limit dropped
+        if now - self.moved_at <= config.max_hold:
+            # A limit that moved may move back: for a while, probe every
+            # ``hold`` seconds (each failed probe costs the server's wait).
+            hold = config.hold
+        else:
+            # Longer per confirmation of the same edge, and long enough
+            # that a probe's cost (one server-imposed wait) stays small.
+            hold = min(config.max_hold, self.hold_for * 2) if confirmed else config.hold
+            hold = max(hold, wait / _PROBE_COST)
+        # No shorter than the server's window: a probe before the window has
+        # let go of the last one's sends would be judged by them.
+        self.hold_for = min(config.max_hold, max(hold, self.horizon))
         self.edge = edge
         self.target = edge * (1.0 - self.margin)
         self._pause_for_excess(sent, edge, now, pause)
@@ -557,6 +572,7 @@ class AdaptiveState(SlotState):
         self.phase = "hold"
         self.phase_at = now
         self.hold_for = config.hold
+        self.moved_at = -INF  # when the limit last dropped
         self.horizon = _EDGE_HORIZON  # the server's window, as far as it has shown it
         self.cut_at = self.resumed_at = now
         self.ok_since_cut = 0
@@ -618,6 +634,8 @@ class AdaptiveState(SlotState):
             self.reason = f"adaptive: the limit rose past {edge:.3g}/s, up to {self.rate:.3g}/s"
             logger.debug("scope %s: accepted past the edge %.3f/s: searching up", scope.name, edge)
             return
+        if now - self.moved_at <= self.config.max_hold:
+            elapsed *= 2.0  # a limit that just moved: climb faster
         probe = target * (1.0 + 0.002 * elapsed + 0.004 * elapsed * elapsed)
         self.rate = min(probe, max(ceiling, target))
 
