@@ -177,6 +177,52 @@ def test_policy_limits_are_used_without_refusals(site: str, backend: str) -> Non
     assert_respects(trace, CEILING, retry_after=True)  # never inside an announced wait
 
 
+@attrs.frozen
+class OpenAIRequests:
+    """A token bucket of ``per_minute`` requests, with OpenAI's request headers.
+
+    ``x-ratelimit-reset-requests`` is the time until the bucket is full again;
+    beyond it, 429 with ``retry-after`` (whole seconds until one request fits).
+    Answers take ``latency`` seconds, from half to one and a half times that.
+    """
+
+    per_minute: int
+    latency: float
+
+    def start(self, rng: random.Random) -> Responder:
+        rate = self.per_minute / 60.0
+        tokens, then = float(self.per_minute), 0.0
+
+        def answer(request: SimRequest, now: float) -> SimResponse:
+            nonlocal tokens, then
+            tokens, then = min(self.per_minute, tokens + (now - then) * rate), now
+            accepted = tokens >= 1.0
+            tokens -= accepted
+            headers = {
+                "x-ratelimit-limit-requests": str(self.per_minute),
+                "x-ratelimit-remaining-requests": str(int(tokens)),
+                "x-ratelimit-reset-requests": f"{(self.per_minute - tokens) / rate:.3f}s",
+            }
+            if accepted:
+                latency = self.latency * rng.uniform(0.5, 1.5)
+                return SimResponse(status=200, latency=latency, headers=headers)
+            headers["retry-after"] = str(math.ceil((1.0 - tokens) / rate))
+            return SimResponse(status=429, latency=0.05, headers=headers)
+
+        return answer
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_token_bucket_api_is_used_at_its_refill_rate(backend: str) -> None:
+    # 60 requests a minute, answers in about 2 s: the headers count the quota,
+    # and a nearly spent bucket is paced at its refill (1/s), not as if its
+    # reset (when the bucket is full again) ended a window (one per 19 s).
+    trace = _run(OpenAIRequests(per_minute=60, latency=2.0), 300.0, backend)
+    assert _ok_rate(trace, 150, 300) >= 0.95 * 1.0
+    assert _refused(trace) < 0.02
+    assert_respects(trace, CEILING, retry_after=True)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_opening_burst_into_an_unknown_quota(backend: str) -> None:
     server = QuotaServer(limit=10, window=1.0, sliding=True, retry_after=1, latency=0.05)

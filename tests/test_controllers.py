@@ -29,7 +29,9 @@ from throttlekit import (
     ScopeView,
 )
 from throttlekit._autothrottle import autothrottle_delay
+from throttlekit._backoff import low_remaining_pace
 from throttlekit._ledger import ScopeLedger
+from throttlekit.headers import parse
 
 URL = "https://api.test/items"
 SCOPE = "api.test"
@@ -377,6 +379,24 @@ def test_remaining_zero_blocks_until_reset_and_low_remaining_paces() -> None:
     state.on_send(ledger, 10.5)  # the window reset
     ledger.refresh()
     assert ledger.delay == 0.0
+
+
+def test_a_token_buckets_low_remaining_is_paced_at_its_refill() -> None:
+    # OpenAI's reset is when the bucket is full again: 55 of 60 requests
+    # spent refill in 55 s, one a second; the 5 left are not spread over 55 s.
+    ledger = _backoff_ledger()
+    state = ledger.controllers[0]
+    headers = {
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-remaining-requests": "5",
+        "x-ratelimit-reset-requests": "55s",
+    }
+    info = parse(headers, now=1_700_000_000.0)
+    state.on_feedback(ledger, Feedback(status=200, rate_limit=info), 0.0)
+    ledger.refresh()
+    assert ledger.delay == pytest.approx(1.0)
+    # The same numbers from a window's reset spread what is left over it.
+    assert low_remaining_pace(_info(remaining=5, limit=60, reset=55.0, interval=11.0)) == 11.0
 
 
 def _info(**fields: Any) -> Any:

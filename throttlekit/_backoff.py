@@ -91,20 +91,31 @@ def resolve_exception(spec: str | type[BaseException]) -> type[BaseException] | 
 MIN_PACE_RESET = 5.0
 
 
+#: Header families whose reset is when a token bucket is full again (OpenAI's
+#: "until the rate limit resets to its initial state", Anthropic's "fully
+#: replenished"), not the end of a window.
+BUCKET_SOURCES = frozenset({"openai", "anthropic"})
+
+
 def low_remaining_pace(info: RateLimitInfo) -> float | None:
     """Seconds between sends that spread a nearly spent server quota over its window.
 
     ``None`` unless little is left (at most a fifth of the limit, or at most
     10 requests when the limit is unknown) and the reset is at least
-    :data:`MIN_PACE_RESET` seconds away.
+    :data:`MIN_PACE_RESET` seconds away. A token bucket's reset
+    (:data:`BUCKET_SOURCES`) is the time it takes to refill what was spent,
+    so its pace is the refill's: ``reset / (limit - remaining)``.
     """
     pace = info.pace()
-    remaining = info.remaining
-    if pace is None or remaining is None or (info.reset or 0.0) < MIN_PACE_RESET:
+    remaining, limit, reset = info.remaining, info.limit, info.reset
+    if pace is None or remaining is None or reset is None or reset < MIN_PACE_RESET:
         return None
-    limit = info.limit
     low = remaining <= 0.2 * limit if limit is not None else remaining <= 10
-    return pace if low else None
+    if not low:
+        return None
+    if info.source in BUCKET_SOURCES and limit is not None and limit > remaining:
+        return reset / (limit - remaining)
+    return pace
 
 
 def _codes(value: Iterable[int]) -> frozenset[int]:
