@@ -518,3 +518,31 @@ def test_backoff_only_reads_headers_under_adaptive() -> None:
     assert ledger.blocked_until >= 3.0  # Retry-After honoured
     backoff = ledger.controllers[1]
     assert (backoff.level, backoff.step_delay) == (0, 0.0)  # Adaptive does the slowing down
+
+
+@pytest.mark.parametrize(("tokens_left", "rate_loop"), [(0, False), (400, True)])
+def test_a_refusal_only_a_budget_of_another_scope_explains_keeps_the_headers(
+    tokens_left: int, rate_loop: bool
+) -> None:
+    # Requests and tokens routed to their own scopes: the requests scope sees
+    # only its budget, with quota left. A 429 that the spent token budget
+    # explains leaves it to its headers; with tokens left too, the headers
+    # miss a limit and its rate loop takes over.
+    headers = {
+        "x-ratelimit-limit-requests": "100",
+        "x-ratelimit-remaining-requests": "50",
+        "x-ratelimit-reset-requests": "30s",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": str(tokens_left),
+        "x-ratelimit-reset-tokens": "20s",
+    }
+    view = parse(headers, now=1_700_000_000.0).excluding({"tokens"})
+    ledger = ScopeLedger("api.test", CEILING)
+    adaptive = ledger.controllers[0]
+    ok = Feedback(status=200, headers=headers, rate_limit=view, sent_at=0.0)
+    ledger.on_feedback(ok, 0.1)
+    assert adaptive.phase == "stated"
+    refused = Feedback(status=429, headers=headers, rate_limit=view, sent_at=0.2)
+    ledger.on_feedback(refused, 0.2)
+    assert adaptive.headers_short is rate_loop
+    assert (adaptive.phase != "stated") is rate_loop

@@ -12,6 +12,7 @@ import attrs
 from ._backoff import DEFAULT_BACKOFF_EXCEPTIONS, Backoff
 from ._checks import at_least_one, check_number, positive
 from ._controller import SlotState
+from .headers import parse
 
 if TYPE_CHECKING:
     from ._controller import Feedback, ScopeView
@@ -142,6 +143,21 @@ class Adaptive:
         return AdaptiveState(self, policy)
 
 
+def _quota_spent(feedback: Feedback, remaining: float | None) -> bool:
+    """Whether the response says a quota is used up (which explains a refusal).
+
+    The scope's own view (``remaining``) leaves out the budgets other scopes
+    track (a token budget routed to its own scope, say), so when it has quota
+    left every budget the headers report is looked at.
+    """
+    if remaining is not None and remaining <= 0:
+        return True
+    if feedback.headers is None:
+        return False
+    info = parse(feedback.headers, now=0.0)  # (``now`` only places dated resets)
+    return any(budget.remaining == 0 for budget in (info, *info.budgets))
+
+
 #: Classifies timeouts and dropped connections (the default backoff's exceptions) as overload.
 _BACKOFF_FOR_EXCEPTIONS = Backoff(exceptions=DEFAULT_BACKOFF_EXCEPTIONS)
 
@@ -261,7 +277,7 @@ class AdaptiveState(SlotState):
         remaining = info.remaining if info is not None else None
         # A refusal with quota left (or none counted) is a limit the headers
         # do not show: from then on the rate loop finds it.
-        unexplained = kind == "throttle" and (remaining is None or remaining > 0)
+        unexplained = kind == "throttle" and not _quota_spent(feedback, remaining)
         if unexplained:
             self.headers_short = True
         elif (
