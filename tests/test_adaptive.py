@@ -17,6 +17,7 @@ from throttlekit._ledger import ScopeLedger
 from throttlekit.headers import RateLimitInfo, parse
 from throttlekit.testing import (
     CapacityServer,
+    CDNServer,
     FlakyServer,
     QuotaServer,
     Responder,
@@ -351,6 +352,18 @@ def test_load_bound_server_near_capacity_without_queueing(backend: str) -> None:
     latencies = sorted(r.responded - r.sent for r in trace.requests if r.status == 200)
     p95 = latencies[int(0.95 * len(latencies))]
     assert p95 <= 2 * 0.05
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_server_that_never_limits_is_used_up_to_the_ceiling(backend: str) -> None:
+    # A CDN answering every page in 50 ms however many are in flight: the
+    # policy's ceiling (16 in flight, so 320/s) is the only limit, reached
+    # within seconds (the rate doubles each half second while it is used).
+    trace = _run(CDNServer(hit_ratio=1.0, hit_latency=0.05), 20.0, backend)
+    ceiling = 16 / 0.05
+    assert _ok_rate(trace, 10, 20) >= 0.9 * ceiling
+    assert _time_to(trace, 0.9 * ceiling, span=2.0) <= 6.0
+    assert _refused(trace) == 0.0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
