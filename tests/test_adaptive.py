@@ -224,6 +224,42 @@ def test_a_token_bucket_api_is_used_at_its_refill_rate(backend: str) -> None:
     assert_respects(trace, CEILING, retry_after=True)
 
 
+@attrs.frozen
+class InFlightLimit:
+    """Refuses (a bare 429 in 1 ms) when ``limit`` requests are being served.
+
+    Answers take ``latency`` seconds, from half to one and a half times that,
+    so the rate it allows varies while the number in flight does not.
+    """
+
+    limit: int
+    latency: float
+
+    def start(self, rng: random.Random) -> Responder:
+        ends: list[float] = []
+
+        def answer(request: SimRequest, now: float) -> SimResponse:
+            ends[:] = [end for end in ends if end > now]
+            if len(ends) >= self.limit:
+                return SimResponse(status=429, latency=0.001)
+            latency = self.latency * rng.uniform(0.5, 1.5)
+            ends.append(now + latency)
+            return SimResponse(status=200, latency=latency)
+
+        return answer
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_limit_on_requests_in_flight_is_found_and_kept(backend: str) -> None:
+    # 4 in flight, answers in about 0.5 s: 8/s on average. Read as a rate
+    # limit, the edge moved with the latencies and the margin grew (65 %).
+    trace = _run(InFlightLimit(limit=4, latency=0.5), 120.0, backend)
+    assert _ok_rate(trace, 60, 120) >= 0.95 * 8.0
+    late = [r for r in trace.requests if r.sent is not None and r.sent >= 60]
+    assert not any(r.status == 429 for r in late)
+    assert _refused(trace) < 0.02
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_opening_burst_into_an_unknown_quota(backend: str) -> None:
     server = QuotaServer(limit=10, window=1.0, sliding=True, retry_after=1, latency=0.05)

@@ -91,6 +91,8 @@ class Adaptive:
       earn a burst. When the server counts its quota in headers (remaining
       and reset), they pace the scope and the rate loop stands aside, until
       a refusal comes with quota left (a limit the headers do not show).
+      Refusals at one number in flight, at rates that differ, are a limit
+      on requests in flight: it keeps below that number instead.
     * **Concurrency** (capacity: latency grows with load). It compares the
       mean latency of each round of responses (30, or those of two seconds
       when they come slowly, at least 3) with the lowest
@@ -169,6 +171,7 @@ class AdaptiveState(SlotState):
         "blocked_until",
         "closed_at",
         "concurrency",
+        "concurrency_edge",
         "config",
         "cut_at",
         "edge",
@@ -190,6 +193,7 @@ class AdaptiveState(SlotState):
         "refine_for",
         "refine_phase",
         "refine_wait",
+        "refusals",
         "resumed_at",
         "round",
         "round_at",
@@ -211,7 +215,7 @@ class AdaptiveState(SlotState):
     def __init__(self, config: Adaptive, policy: ScopePolicy) -> None:
         self.config = config
         self.rate = config.start_rate  # requests per second (inf = no opinion)
-        self.phase = "start"  # start, recover, hold, probe; measure; stated
+        self.phase = "start"  # start, recover, hold, probe; measure; stated; capped
         self.phase_at: float | None = None
         self.edge: float | None = None  # the last measured accepted rate at a throttle
         self.target = INF  # the rate held below the edge
@@ -240,6 +244,8 @@ class AdaptiveState(SlotState):
         self.refine_phase = "start"
         ceiling = policy.concurrency
         self.concurrency: int | None = min(2, ceiling) if ceiling is not None else 2
+        self.concurrency_edge: int | None = None  # a limit on requests in flight, once found
+        self.refusals: list[list[float]] = []  # [in flight, rate] at the last refusals
         self.limit_growing = True  # Vegas slow start: double per round
         self.round: list[float] = []  # latencies of the current round
         self.round_at = -INF  # when the current round began
@@ -394,6 +400,8 @@ class AdaptiveState(SlotState):
         # sliding one-second window that count is the server's limit; on a
         # longer window it is more, and the refusals that follow say so.
         flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
+        if self._concurrency_limit(scope, flying, sent_at, now):
+            return
         latency = self.latency
         slow = flying > 0 and latency is not None and latency > horizon / 2
         if slow:
@@ -445,6 +453,47 @@ class AdaptiveState(SlotState):
             edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
         self._set_edge(scope, edge, sent, wait, now, pause, self.phase)
         self.resumed_at = max(now + wait, self.blocked_until)
+
+    def _concurrency_limit(self, scope: ScopeView, flying: int, sent_at: float, now: float) -> bool:
+        """Whether refusals come at a number in flight, not at a rate: then cap that number.
+
+        A server that limits requests in flight refuses at the same count
+        whatever the rate (which varies with its latency); a rate limit, at
+        the same rate whatever the count. Three refusals at one count of two
+        or more, at rates more than 25 % apart, make it a concurrency limit:
+        Adaptive keeps below that count and the rate loop stands aside. A
+        refusal at a lower count disproves it. Returns ``True`` when the
+        refusal is handled.
+        """
+        limit = self.concurrency_edge
+        if limit is not None:
+            if flying < limit:  # refused below the limit found: not (only) a concurrency limit
+                self.concurrency_edge, self.refusals = None, []
+                return False
+            self.cut_at = now
+            return True  # sent before the cap took hold
+        rate = self._measured(sent_at - _EDGE_HORIZON, sent_at, accepted=True) + flying
+        refusals = self.refusals
+        refusals.append([flying, rate])
+        del refusals[:-3]
+        counts = {count for count, _ in refusals}
+        rates = [rate for _, rate in refusals]
+        if len(refusals) < 3 or len(counts) > 1 or flying < 2 or max(rates) <= 1.25 * min(rates):
+            return False
+        self.concurrency_edge = flying
+        self.concurrency = min(self.concurrency or flying, flying)
+        self.rate = self.target = INF
+        self.edge = None
+        self.phase, self.phase_at = "capped", now
+        self.cut_at = now
+        self.reason = f"adaptive: the server allows {flying} in flight"
+        logger.debug(
+            "scope %s: refused at %d in flight each time, at %s/s: a concurrency limit",
+            scope.name,
+            flying,
+            "/".join(f"{rate:.3g}" for rate in rates),
+        )
+        return True
 
     def _pause_for_excess(self, sent: float, edge: float, now: float, pause: float) -> None:
         """Block until the server's window has let go of what went out above the edge."""
@@ -614,7 +663,7 @@ class AdaptiveState(SlotState):
         elapsed = now - phase_at
         sent = self._measured(now - 1.0, now, accepted=False)
         ceiling = max(2.0 * sent, self.config.start_rate)  # no burst earned while idle
-        if self.phase in ("stated", "measure"):
+        if self.phase in ("stated", "measure", "capped"):
             return
         if self.phase == "start":
             if elapsed >= 0.5:
@@ -691,6 +740,8 @@ class AdaptiveState(SlotState):
         queue = limit * (1.0 - floor / median)
         ceiling = scope.policy.concurrency
         top = ceiling if ceiling is not None else self.config.max_concurrency
+        if self.concurrency_edge is not None:
+            top = min(top, self.concurrency_edge)
         old = limit
         if queue > _QUEUE_HIGH:
             self.limit_growing = False
