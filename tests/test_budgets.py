@@ -15,7 +15,8 @@ FREE = throttlekit.ScopePolicy(concurrency=None, delay=0, slot_delay=0)
 HOST = "api.example.com"
 TOKENS = "example-tokens"
 
-#: OpenAI-style headers: requests are plentiful, two 1000-token requests are left for 6 s.
+#: OpenAI-style headers: requests are plentiful, two 1000-token requests are left, and
+#: the token bucket is full again in 6 s (28 requests' worth refill in 6 s).
 TOKENS_LOW = {
     "x-ratelimit-limit-requests": "60",
     "x-ratelimit-remaining-requests": "50",
@@ -49,18 +50,18 @@ async def record_once(headers: dict[str, str], budgets: dict[str, str] | None) -
 
 async def test_low_tokens_slow_the_token_scope_only() -> None:
     found = await record_once(TOKENS_LOW, {"tokens": TOKENS})
-    # Two requests of 1000 tokens left, to spread over 6 s.
-    assert found == {HOST: 0.0, TOKENS: pytest.approx(3.0)}
+    # Two requests of 1000 tokens left: paced at the refill, 28 requests' worth in 6 s.
+    assert found == {HOST: 0.0, TOKENS: pytest.approx(6 / 28)}
 
 
 async def test_low_requests_slow_the_request_scope_only() -> None:
     found = await record_once(REQUESTS_LOW, {"tokens": TOKENS})
-    assert found == {HOST: pytest.approx(4.0), TOKENS: 0.0}
+    assert found == {HOST: pytest.approx(8 / 58), TOKENS: 0.0}  # 58 refill in 8 s
 
 
 async def test_without_a_mapping_every_scope_sees_the_most_restrictive_budget() -> None:
     found = await record_once(REQUESTS_LOW, None)
-    assert found == {HOST: pytest.approx(4.0), TOKENS: pytest.approx(4.0)}
+    assert found == {HOST: pytest.approx(8 / 58), TOKENS: pytest.approx(8 / 58)}
 
 
 async def test_spent_tokens_block_the_token_scope_until_their_reset() -> None:
