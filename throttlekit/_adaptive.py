@@ -175,6 +175,7 @@ class AdaptiveState(SlotState):
         "config",
         "cut_at",
         "edge",
+        "edge_held",
         "empty",
         "headers_short",
         "hold_for",
@@ -218,6 +219,7 @@ class AdaptiveState(SlotState):
         self.phase = "start"  # start, recover, hold, probe; measure; stated; capped
         self.phase_at: float | None = None
         self.edge: float | None = None  # the last measured accepted rate at a throttle
+        self.edge_held = False  # whether a second refusal confirmed it
         self.target = INF  # the rate held below the edge
         self.margin = config.headroom  # how far below the edge the target is
         self.hold_for = config.hold
@@ -532,8 +534,8 @@ class AdaptiveState(SlotState):
             # client or network). Hold further below; it narrows again per
             # hold that passes without a refusal.
             self.margin = min(_MAX_MARGIN, 2.0 * self.margin)
-        if old is not None and edge < _MOVED * old:
-            self.moved_at = now  # the limit dropped
+        if old is not None and self.edge_held and edge < _MOVED * old:
+            self.moved_at = now  # a limit that had held dropped
         if now - self.moved_at <= config.max_hold:
             # A limit that moved may move back: for a while, probe every
             # ``hold`` seconds (each failed probe costs the server's wait).
@@ -546,7 +548,7 @@ class AdaptiveState(SlotState):
         # No shorter than the server's window: a probe before the window has
         # let go of the last one's sends would be judged by them.
         self.hold_for = min(config.max_hold, max(hold, self.horizon))
-        self.edge = edge
+        self.edge, self.edge_held = edge, confirmed
         self.target = edge * (1.0 - self.margin)
         self._pause_for_excess(sent, edge, now, pause)
         # A confirmed edge is known: resume at the target; a new one from below it.
@@ -593,7 +595,7 @@ class AdaptiveState(SlotState):
             # not a long window; the refusals have measured it already.
             return
         edge = max(self.run_ok - 1, 1) / window  # not counting this acceptance
-        self.edge = edge
+        self.edge, self.edge_held = edge, False
         self.target = edge * (1.0 - self.margin)
         self.rate = min(self.target, edge * 0.9)
         self.hold_for = min(self.config.max_hold, max(self.config.hold, window))
