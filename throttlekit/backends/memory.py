@@ -35,6 +35,9 @@ INF = math.inf
 _COST_ONE = (1.0,)
 _NO_ENTRY = (None,)
 _tasks = _clock.tasks
+# The lease of a MemoryPermit granted on its fast path, and once released.
+_FAST_GRANTED = object()
+_FAST_RELEASED = object()
 
 
 class MemoryPermit(Permit):
@@ -47,15 +50,15 @@ class MemoryPermit(Permit):
     cap and nobody queued on either, is granted right here, and given back
     the same way. Anything else takes the general path of :class:`Permit`.
 
-    Such a grant keeps only its ledger (and the time) until something needs
+    Such a grant keeps only its ledger and time until something needs
     its :class:`~throttlekit._scheduler.Ticket` (feedback, nesting, the
     permit's scopes): most requests never do, and a ticket costs a fifth of
     the whole operation.
     """
 
-    # The grant time of a fast grant (its lease is then the ledger itself,
-    # and ``(ledger, sent_at)`` once released).
-    __slots__ = ("_sent_at",)
+    # A fast grant: its ledger and time; its lease is then _FAST_GRANTED, and
+    # _FAST_RELEASED once given back.
+    __slots__ = ("_ledger", "_sent_at")
 
     async def __aenter__(self) -> Permit:
         loop, clock = _clock._running
@@ -71,8 +74,9 @@ class MemoryPermit(Permit):
         held = limiter._held
         # The grant (as in _enter_nowait: keep them alike), inline: a call
         # would cost a tenth of the operation. A task that holds a permit of
-        # this limiter may be nesting: general path.
-        if task not in held and self._lease is None and self._shared is None:
+        # this limiter may be nesting: general path; else its task holds this
+        # one from now on (undone if the fast path does not apply).
+        if self._lease is None and self._shared is None and held.setdefault(task, self) is self:
             scopes = self._scopes
             if scopes is None:
                 request = self._request
@@ -93,14 +97,18 @@ class MemoryPermit(Permit):
                 ):
                     ledger.in_flight += 1
                     ledger.factor = 1.0
-                    ledger.next_send_at = now + ledger.delay
+                    delay = ledger.delay
+                    ledger.next_send_at = now + delay if delay else now
                     gate.in_flight += 1
+                    self._ledger = ledger
                     self._sent_at = now
-                    self._lease = ledger
+                    self._lease = _FAST_GRANTED
                     if self._encloses:
                         self._task = task
-                        held[task] = self
+                    else:
+                        del held[task]
                     return self
+            del held[task]
         await super().__aenter__()
         self._remember()
         return self
@@ -131,10 +139,12 @@ class MemoryPermit(Permit):
             ):
                 ledger.in_flight += 1
                 ledger.factor = 1.0
-                ledger.next_send_at = now + ledger.delay
+                delay = ledger.delay
+                ledger.next_send_at = now + delay if delay else now
                 gate.in_flight += 1
+                self._ledger = ledger
                 self._sent_at = now
-                self._lease = ledger
+                self._lease = _FAST_GRANTED
                 return
         super()._enter_nowait()
         self._remember()
@@ -150,16 +160,15 @@ class MemoryPermit(Permit):
 
     def _get_lease(self) -> Ticket | None:
         lease = self._lease
-        if type(lease) is ScopeLedger:  # a fast grant: its ticket, from now on
-            ticket = Ticket((lease,), _COST_ONE, self._priority, -1)
-            ticket.state = GRANTED
-            ticket.granted_at = self._sent_at
-        elif type(lease) is tuple:  # a fast grant, released
-            ticket = Ticket((lease[0],), _COST_ONE, self._priority, -1)
-            ticket.state = RELEASED
-            ticket.granted_at = lease[1]
+        if lease is _FAST_GRANTED:  # a fast grant: its ticket, from now on
+            state = GRANTED
+        elif lease is _FAST_RELEASED:
+            state = RELEASED
         else:
             return lease  # type: ignore[no-any-return]
+        ticket = Ticket((self._ledger,), _COST_ONE, self._priority, -1)
+        ticket.state = state
+        ticket.granted_at = self._sent_at
         ticket.quota_entries = _NO_ENTRY
         self._lease = ticket
         return ticket
@@ -176,8 +185,8 @@ class MemoryPermit(Permit):
             top = self._limiter._held.pop(task, None)
             if top is not self or self._outer is not None:
                 self._unheld(task, top)
-        ledger = self._lease
-        if type(ledger) is ScopeLedger:  # release's fast case, inline
+        if self._lease is _FAST_GRANTED:  # release's fast case, inline
+            ledger = self._ledger
             gate = self._limiter._local._gate
             if (
                 ledger.plain
@@ -187,30 +196,31 @@ class MemoryPermit(Permit):
             ):
                 ledger.in_flight -= 1
                 gate.in_flight -= 1
-                self._lease = (ledger, self._sent_at)
+                self._lease = _FAST_RELEASED
                 return
         MemoryPermit.release(self)  # not an override's: instrumentation counts its own
 
     def release(self) -> None:
         """Give back the concurrency this permit holds (idempotent)."""
         lease = self._lease
-        if type(lease) is ScopeLedger:
+        if lease is _FAST_GRANTED:
+            ledger = self._ledger
             gate = self._limiter._local._gate
             # Inline when it frees nothing anybody waits for and the scope
             # stays listed among the idle ones (else Scheduler.release does it).
             if (
-                lease.plain
-                and not lease.waiting
+                ledger.plain
+                and not ledger.waiting
                 and not gate.queue
-                and (lease.in_flight > 1 or lease.listed_at != INF)
+                and (ledger.in_flight > 1 or ledger.listed_at != INF)
             ):
-                lease.in_flight -= 1
+                ledger.in_flight -= 1
                 gate.in_flight -= 1
-                self._lease = (lease, self._sent_at)
+                self._lease = _FAST_RELEASED
                 return
             lease = self._get_lease()
-        elif type(lease) is tuple:
-            return  # released already
+        elif lease is _FAST_RELEASED:
+            return
         if lease is not None:
             self._limiter._local.release_nowait(lease)
 
