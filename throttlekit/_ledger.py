@@ -35,6 +35,9 @@ __all__ = [
 ]
 
 INF = math.inf
+# One object for every ledger's "never" (a new float per ledger would be one more
+# object to read from memory per acquire when many scopes take turns).
+NEVER = -INF
 _EPSILON = 1e-9
 _NO_JITTER = (0.0, 0.0)
 
@@ -92,7 +95,7 @@ def combine(policy: ScopePolicy, controllers: Sequence[Controller]) -> Effective
     """
     delay = policy.delay
     concurrency = policy.concurrency
-    blocked = -INF
+    blocked = NEVER
     jitter = policy.jitter
     for controller in controllers:
         if controller.replaces_policy:
@@ -196,7 +199,7 @@ class ScopeLedger:
         self.policy = policy
         self.in_flight = 0
         self.waiting = 0
-        self.next_send_at = -INF
+        self.next_send_at = NEVER
         self.factor = 1.0  # the jitter factor drawn at the last send
         # Send times of free concurrency slots that have been used (a min-heap);
         # free slots beyond these have never sent and are ready at once.
@@ -215,7 +218,7 @@ class ScopeLedger:
         self.delay = policy.delay
         self.jitter = policy.jitter
         self.concurrency = policy.concurrency
-        self.blocked_until = -INF
+        self.blocked_until = NEVER
         if self.controllers:
             self.refresh()
         else:
