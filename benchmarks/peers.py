@@ -232,7 +232,8 @@ async def throttlekit_explicit_scopes() -> Case:
 
 async def throttlekit_distinct_urls() -> Case:
     acquire = _throttlekit_limiter(explicit=False).acquire
-    urls = [f"https://{HOST}/catalogue/page-{i}.html?sort=price&p={i}" for i in range(4096)]
+    # More URLs than the limiter remembers (131,072), so each is new to it, as in a crawl.
+    urls = [f"https://{HOST}/catalogue/page-{i}.html?sort=price&p={i}" for i in range(200_000)]
 
     async def loop(n: int) -> None:
         count = len(urls)
@@ -242,7 +243,8 @@ async def throttlekit_distinct_urls() -> Case:
 
     return Case(
         "throttlekit, distinct URLs",
-        "acquire(url) over 4,096 distinct URLs of one host (each parsed once, then remembered)",
+        "acquire(url) round-robin over 200,000 URLs of one host, more than the limiter "
+        "remembers (131,072): each URL is new to it, as in a crawl",
         loop,
     )
 

@@ -463,6 +463,32 @@ async def test_a_fast_path_permit_answers_like_any_other() -> None:
     assert_idle(limiter)
 
 
+async def test_a_new_url_of_a_known_scope_takes_the_fast_path() -> None:
+    """A URL not seen before is granted on the fast path when its host's scope
+    exists (a crawl sends each URL once); with another resolver it is not."""
+    limiter = Limiter(default=ONE, concurrency=None)
+    async with limiter.acquire("https://known.example/a"):  # the general path: a new scope
+        pass
+    async with limiter.acquire("https://known.example/b") as permit:
+        assert type(permit._lease) is not Ticket  # found by its host: no ticket
+        with pytest.raises(WouldBlock):  # the scope's concurrency of 1 binds every URL
+            limiter.acquire_nowait("https://known.example/c")
+    with limiter.acquire_nowait("https://known.example/d") as permit:
+        assert type(permit._lease) is not Ticket
+    assert permit.scopes == {"known.example": 1.0}
+    with pytest.raises(ValueError, match="not an absolute URL"):
+        async with limiter.acquire("known.example/e"):
+            pass
+    assert_idle(limiter)
+
+    by_path = Limiter(default=ONE, concurrency=None, resolver=lambda url: "one-scope")
+    async with by_path.acquire("https://known.example/a"):
+        pass
+    async with by_path.acquire("https://known.example/b") as permit:
+        assert type(permit._lease) is Ticket  # its resolver decides: the general path
+    assert_idle(by_path)
+
+
 async def test_a_urls_remembered_ledger_is_not_granted_from_once_evicted() -> None:
     """The fast path finds a URL's ledger in the limiter's URL cache; once the
     scope is evicted (and even if a late record() reaches that ledger), the URL

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Mapping
 from threading import get_ident as _get_ident
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -28,6 +29,10 @@ from .._permit import Permit
 from .._policy import ScopePolicy
 from .._scheduler import CANCELLED, GRANTED, RELEASED, WAITING, Scheduler, Ticket
 from .._stats import LimiterStatistics, ScopeStatistics
+from ..scopes import by_host
+
+if TYPE_CHECKING:
+    from .._limiter import Limiter
 
 __all__ = ["MemoryBackend", "MemoryPermit"]
 
@@ -40,15 +45,27 @@ _FAST_GRANTED = object()
 _FAST_RELEASED = object()
 
 
+def _ledger_of_new_url(limiter: Limiter, url: str) -> ScopeLedger | None:
+    """The ledger of the scope of a URL the limiter does not remember yet, if that
+    scope exists (the default resolver's host); remembered from now on."""
+    if limiter._resolver is not by_host:
+        return None
+    ledger = limiter._local._ledgers.get(limiter._host_of(url))
+    if ledger is not None:
+        limiter._hosts[url] = ledger
+    return ledger
+
+
 class MemoryPermit(Permit):
     """The permit of a limiter whose scopes live in memory: the uncontended case inline.
 
-    A request of one scope of cost 1 whose ledger is known without resolving
-    (a URL string the limiter has granted before with the default resolver,
-    or ``scopes="name"``), on a *plain* scope (no controller, quota, slot
-    delay or jitter in force), with room now in that scope and the global
-    cap and nobody queued on either, is granted right here, and given back
-    the same way. Anything else takes the general path of :class:`Permit`.
+    A request of one existing scope of cost 1 (``scopes="name"``, or a URL
+    string with the default resolver: the limiter remembers the ledger of
+    recent URLs, and finds a new URL's by its host), on a *plain* scope (no
+    controller, quota, slot delay or jitter in force), with room now in that
+    scope and the global cap and nobody queued on either, is granted right
+    here, and given back the same way. Anything else takes the general path
+    of :class:`Permit`.
 
     Such a grant keeps only its ledger and time until something needs
     its :class:`~throttlekit._scheduler.Ticket` (feedback, nesting, the
@@ -71,21 +88,31 @@ class MemoryPermit(Permit):
             task = _current_task()
             now = _now()
         limiter = self._limiter
-        held = limiter._held
         # The grant (as in _enter_nowait: keep them alike), inline: a call
-        # would cost a tenth of the operation. A task that holds a permit of
-        # this limiter may be nesting: general path; else its task holds this
-        # one from now on (undone if the fast path does not apply).
-        if self._lease is None and self._shared is None and held.setdefault(task, self) is self:
+        # would cost a tenth of the operation.
+        if self._lease is None and self._shared is None:
             scopes = self._scopes
             if scopes is None:
                 request = self._request
-                ledger = limiter._hosts.get(request) if type(request) is str else None
+                if type(request) is str:
+                    ledger = limiter._hosts.get(request)
+                    if ledger is None:
+                        ledger = _ledger_of_new_url(limiter, request)
+                else:
+                    ledger = None
             elif type(scopes) is str:
                 ledger = limiter._local._ledgers.get(scopes)
             else:
                 ledger = None
-            if type(ledger) is ScopeLedger and ledger.plain and not ledger.queue:
+            # A task that holds a permit of this limiter may be nesting: general
+            # path; else its task holds this one from now on (undone if the
+            # fast path does not apply).
+            if (
+                type(ledger) is ScopeLedger
+                and ledger.plain
+                and not ledger.queue
+                and (held := limiter._held).setdefault(task, self) is self
+            ):
                 gate = limiter._local._gate
                 limit = gate.limit
                 concurrency = ledger.concurrency
@@ -108,7 +135,7 @@ class MemoryPermit(Permit):
                     else:
                         del held[task]
                     return self
-            del held[task]
+                del held[task]
         await super().__aenter__()
         self._remember()
         return self
@@ -122,7 +149,12 @@ class MemoryPermit(Permit):
         scopes = self._scopes
         if scopes is None:
             request = self._request
-            ledger = limiter._hosts.get(request) if type(request) is str else None
+            if type(request) is str:
+                ledger = limiter._hosts.get(request)
+                if ledger is None:
+                    ledger = _ledger_of_new_url(limiter, request)
+            else:
+                ledger = None
         elif type(scopes) is str:
             ledger = limiter._local._ledgers.get(scopes)
         else:
