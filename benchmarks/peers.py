@@ -235,9 +235,13 @@ async def throttlekit_distinct_urls() -> Case:
     # More URLs than the limiter remembers (131,072), so each is new to it, as in a crawl.
     urls = [f"https://{HOST}/catalogue/page-{i}.html?sort=price&p={i}" for i in range(200_000)]
 
+    count = len(urls)
+    position = [0]  # each call goes on where the last one stopped
+
     async def loop(n: int) -> None:
-        count = len(urls)
-        for i in range(n):
+        start = position[0]
+        position[0] = start + n
+        for i in range(start, start + n):
             async with acquire(urls[i % count]):
                 pass
 
