@@ -13,6 +13,7 @@ import gc
 import math
 import random
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -923,6 +924,52 @@ async def test_set_policy_applies_to_waiting_requests_at_once() -> None:
             limiter.set_policy("a.example", {"concurrency": 3})  # type: ignore[arg-type]
     assert grants[3] == 10.0
     assert_idle(limiter)
+
+
+def test_the_fast_path_calls_no_python_function_of_its_own() -> None:
+    """An operation count, not a timing: on asyncio, an uncontended acquire+release
+    of a known scope runs acquire(), __aenter__ and __aexit__ and no other Python
+    function (each call is a tenth of the operation's cost)."""
+    limiter = Limiter(concurrency=None, default=FREE)
+    url = "https://calls.example/page"
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_qualname)
+
+    async def run() -> None:
+        async with limiter.acquire(url):  # the general path: the scope is new
+            pass
+        for request, scopes in ((url, None), ("https://calls.example/other", None)):
+            async with limiter.acquire(request, scopes=scopes):
+                pass  # a known URL, then a new URL of the known scope
+        sys.setprofile(profile)
+        try:
+            async with limiter.acquire(url):
+                pass
+            async with limiter.acquire(scopes="calls.example"):
+                pass
+            with limiter.acquire_nowait(url):
+                pass
+        finally:
+            sys.setprofile(None)
+
+    asyncio.run(run())
+    assert calls == [
+        "Limiter.acquire",
+        "MemoryPermit.__aenter__",
+        "MemoryPermit.__aexit__",
+        "Limiter.acquire",
+        "MemoryPermit.__aenter__",
+        "MemoryPermit.__aexit__",
+        "Limiter.acquire_nowait",
+        "Limiter.acquire",
+        "MemoryPermit._enter_nowait",
+        "Permit.__enter__",
+        "Permit.__exit__",
+        "MemoryPermit.release",
+    ]
 
 
 def test_the_fast_path_reads_the_clock_of_the_loop_that_runs_it() -> None:
