@@ -639,8 +639,6 @@ class AdaptiveState(SlotState):
         self.phase = "hold"
         self.phase_at = now
         self.hold_for = config.hold
-        self.moved_at = -INF  # when the limit last dropped
-        self.horizon = _EDGE_HORIZON  # the server's window, as far as it has shown it
         self.cut_at = self.resumed_at = now
         self.ok_since_cut = 0
         limit = self.concurrency if self.concurrency is not None else max(1, scope.in_flight)
