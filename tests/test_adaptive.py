@@ -423,6 +423,22 @@ def test_random_errors_cost_little(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sliding", [True, False])
+def test_a_rate_limit_that_answers_503_is_held_below_like_a_429(
+    sliding: bool, backend: str
+) -> None:
+    # nginx's limit_req answers 503 by default, with no Retry-After: read as
+    # overload, the scope cut and climbed back over and over (92 %, 6 % refused).
+    server = QuotaServer(
+        limit=10, window=1.0, sliding=sliding, status=503, retry_after=None, latency=0.05
+    )
+    trace = _run(server, 120.0, backend)
+    assert _ok_rate(trace, 60, 120) >= 0.95 * 10
+    sent = [r for r in trace.requests if r.sent is not None]
+    assert sum(1 for r in sent if r.status == 503) / len(sent) < 0.02
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sustained_overload_backs_off_hard(backend: str) -> None:
     server = FlakyServer(
         latency=0.05, error_rate=0.5, error_statuses=(503,), timeout_rate=0.0, reset_rate=0.0

@@ -104,7 +104,10 @@ class Adaptive:
     Random errors do not move it: only when overload errors (5xx without
     ``Retry-After``, timeouts, dropped connections) are at least
     ``overload_share`` of the last 40 outcomes (and at least 10 of them) does
-    it cut rate and concurrency by ``overload_cut``.
+    it cut rate and concurrency by ``overload_cut``. If after such a cut the
+    hold passes without an overload error and they come back once the rate
+    climbs past it, they are a rate limit's refusals (nginx's ``limit_req``
+    answers 503 by default), treated as 429s from then on.
 
     The policy is the ceiling: the scope's delay is the larger of the
     policy's and Adaptive's, its concurrency the smaller. ``Retry-After`` and
@@ -177,6 +180,8 @@ class AdaptiveState(SlotState):
         "edge",
         "edge_held",
         "empty",
+        "errors_clean",
+        "errors_limit",
         "headers_short",
         "hold_for",
         "horizon",
@@ -237,6 +242,10 @@ class AdaptiveState(SlotState):
         # [sent_at, accepted (1 or 0)] of answered sends, oldest first.
         self.sends: list[list[float]] = []  # [sent_at, 1 or 0]
         self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last _OUTCOMES
+        # Whether no overload error has come since the last overload cut (but
+        # echoes of it), and whether such errors proved to be a rate limit's.
+        self.errors_clean = False
+        self.errors_limit = False
         self.latency: float | None = None  # the moving mean latency of accepted requests
         # When to measure the edge again, for a refusal sent at refine_for: once
         # the requests in flight then have answered (a slow server's).
@@ -309,8 +318,7 @@ class AdaptiveState(SlotState):
             if sent_at > self.cut_at:
                 self._on_throttle(scope, sent_at, now, wait)
         elif kind == "overload":
-            if self._overloaded():
-                self._cut_for_overload(scope, now)
+            self._on_error(scope, feedback, sent_at, now)
         elif (
             feedback.latency is not None
             and feedback.status is not None
@@ -628,6 +636,34 @@ class AdaptiveState(SlotState):
         self.rate = INF
         self.phase, self.phase_at = "stated", now
 
+    def _on_error(self, scope: ScopeView, feedback: Feedback, sent_at: float, now: float) -> None:
+        """An overload error: a limit's refusal, or one of a share that may cut.
+
+        A rate limit that answers with errors (nginx's ``limit_req`` answers
+        503 by default) refuses nothing below its edge, where random errors
+        and a struggling server take a share at any rate. So when a hold
+        after an overload cut has passed without an overload error, an error
+        that comes once the rate climbs past it (probing, or searching up)
+        is that limit's refusal, as a 429 would be: the rate loop measures
+        the edge and holds below it, and from then on every error is a
+        refusal, until enough of them come to cut for overload as before
+        (which starts the test again).
+        """
+        if sent_at - self.cut_at < self.horizon:
+            return  # sent while the server still counted the sends before the cut
+        if feedback.status is not None and (
+            self.errors_limit or (self.errors_clean and self.phase in ("start", "probe"))
+        ):
+            if not self.errors_limit:
+                logger.debug("scope %s: errors only above the rate held: a rate limit", scope.name)
+            self.errors_limit = True
+            if not self._overloaded():
+                self._on_throttle(scope, sent_at, now, 0.0)
+                return
+        self.errors_clean = False
+        if self._overloaded():
+            self._cut_for_overload(scope, now)
+
     def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
         config = self.config
         sent = self._measured(now - 2.0, now, accepted=False)
@@ -645,6 +681,7 @@ class AdaptiveState(SlotState):
         self.concurrency = max(1, int(limit * config.overload_cut))
         self.limit_growing = False
         self.outcomes = []
+        self.errors_clean, self.errors_limit = True, False
         self.reason = (
             f"adaptive: overloaded, rate {self.rate:.3g}/s, concurrency {self.concurrency}"
         )
