@@ -25,11 +25,13 @@ time to reach 90 % of the allowed rate, and on the changing quota the time
 to follow each change. Targets (the issue's, DESIGN.md's) are PASS/MISS lines.
 
 How the runs are laid out on a 2-core machine: first the one-at-a-time
-baselines of every site at once; then, per client, the six policy sites at
-once (light, rate-bound traffic: a few client processes that sleep most of
-the time), and each of the three load-sensitive sites (capacity, errors,
-CDN) alone. Each run gets a fresh site on its own port (same seed for every
-client) and each client is its own process. A ``--quick`` run instead sends
+baselines of every site at once; then, per client, five of the policy sites
+at once (light, rate-bound traffic: a few client processes that sleep most
+of the time), and each of the three load-sensitive sites (capacity, errors,
+CDN) alone; last, the long window (60 per minute), for five windows, by
+every client at once (about one request a second each). Each run gets a
+fresh site on its own port (same seed for every client) and each client is
+its own process. A ``--quick`` run instead sends
 every client (and the one-at-a-time baseline) to every site at once, in one
 process per client, for a few seconds: it only shows that the machinery works.
 """
@@ -132,7 +134,10 @@ class Site:
     refusals or headers), ``"load"`` (latency grows with load, never refuses),
     ``"errors"`` (random 5xx in front of a capacity) or ``"unlimited"``.
     ``build(budget)`` makes its server model for a run of ``budget`` seconds
-    (only the changing quota depends on it).
+    (only the changing quota depends on it). ``seconds``, when set, is how long
+    each client crawls it in a full run instead of the suite's budget (a long
+    window needs several windows for a steady state): its clients then crawl
+    it all at once.
     """
 
     name: str
@@ -140,6 +145,7 @@ class Site:
     build: Callable[[float], ServerModel]
     headline: str
     summary: str
+    seconds: float | None = None
 
     def model(self, budget: float) -> ServerModel:
         return self.build(budget)
@@ -227,7 +233,9 @@ SITES: tuple[Site, ...] = (
             retry_after=None,
         ),
         "60 per sliding minute, bare 429",
-        "60 requests per sliding 60 s; beyond, a bare 429 in 1 ms; pages in 50 ms",
+        "60 requests per sliding 60 s; beyond, a bare 429 in 1 ms; pages in 50 ms; "
+        "crawled for five windows (300 s), by every client at once",
+        seconds=300.0,
     ),
     Site(
         "changing",
@@ -701,9 +709,18 @@ def _execute(server: SiteServer, runs: list[_Run]) -> None:
 
 
 def _plan_runs(
-    sites: tuple[Site, ...], clients: list[Client], budget: float, quick: bool, workdir: Path
+    sites: tuple[Site, ...],
+    clients: list[Client],
+    budgets: dict[str, float],
+    quick: bool,
+    workdir: Path,
 ) -> list[list[_Run]]:
-    """Groups of runs executed together (see the module doc)."""
+    """Groups of runs executed together (see the module doc).
+
+    ``budgets`` gives each site's seconds; a site with a budget of its own
+    (longer than the others') is crawled by every client at once.
+    """
+    budget = min(budgets.values())
     if quick:
         baseline = (QUICK_BASELINE_SECONDS, QUICK_BASELINE_SAMPLES)
         return [
@@ -718,8 +735,16 @@ def _plan_runs(
     groups = [
         [_Run(BASELINE, (site,), budget, workdir / f"baseline-{site.name}") for site in sites]
     ]
-    policy = tuple(site for site in sites if site.kind == "policy")
+    policy = tuple(site for site in sites if site.kind == "policy" and budgets[site.name] == budget)
     alone = [site for site in sites if site.kind != "policy"]
+    groups.extend(
+        [
+            _Run(client, (site,), budgets[site.name], workdir / f"{site.name}-{index}")
+            for index, client in enumerate(clients)
+        ]
+        for site in sites
+        if budgets[site.name] != budget
+    )
     for index, client in enumerate(clients):
         groups.append(
             [_Run(client, (site,), budget, workdir / f"{site.name}-{index}") for site in policy]
@@ -823,12 +848,15 @@ def _targets(site: Site, client: Client, case: dict[str, Any]) -> Target | None:
     return Target(name, target, measured, not missed)
 
 
-def _figures(cases: dict[str, dict[str, dict[str, Any]]], budget: float) -> list[dict[str, Any]]:
+def _figures(
+    cases: dict[str, dict[str, dict[str, Any]]], budgets: dict[str, float]
+) -> list[dict[str, Any]]:
     figures = []
     for site in SITES:
         per_client = cases.get(site.name, {})
         if not per_client:
             continue
+        budget = budgets[site.name]
         lines: list[dict[str, Any]] = [
             {
                 "label": client,
@@ -914,20 +942,26 @@ def run_quality(
         raise ValueError(f"unknown sites or client families: {', '.join(unknown)}")
     chosen = tuple(site for site in SITES if sites is None or site.name in sites)
     budget = config.run_seconds or (QUICK_BUDGET if config.quick else BUDGET)
+    budgets = {
+        site.name: budget if config.run_seconds or config.quick else site.seconds or budget
+        for site in chosen
+    }
     how = (
         "every client crawling every site at once for a few seconds (a smoke run: "
         "the numbers are not meaningful)"
         if config.quick
-        else "the six policy sites at once per client, the others one at a time"
+        else "five policy sites at once per client, the load-sensitive ones one at a time, "
+        "the long window by every client at once"
     )
     result = SuiteResult(
         "quality",
         "Throttling quality against local sites",
         "Scrapy's AutoThrottle, throttlekit's Backoff+AutoThrottle (the 0.1 configuration) "
         "and throttlekit's Adaptive, through httpx and through Scrapy, crawl nine local sites "
-        f"that behave like real ones ({how}), {budget:g} s each, with a ceiling of 16 requests "
-        "in flight and no fixed delay: how much of what each site allows they use, how much "
-        "is refused, whether they send while told to wait, the latency they cause and how "
+        f"that behave like real ones ({how}), {budget:g} s each "
+        f"(the long window {budgets.get('long-window', budget):g} s), with a ceiling of 16 "
+        "requests in flight and no fixed delay: how much of what each site allows they use, "
+        "how much is refused, whether they send while told to wait, the latency they cause and how "
         "fast they get there, as the site recorded it.",
     )
     clients: list[Client] = []
@@ -951,7 +985,7 @@ def run_quality(
     runs: list[_Run] = []
     try:
         with SiteServer() as server:
-            for group in _plan_runs(chosen, clients, budget, config.quick, workdir):
+            for group in _plan_runs(chosen, clients, budgets, config.quick, workdir):
                 _execute(server, group)
                 runs.extend(group)
                 for run in group:
@@ -978,7 +1012,7 @@ def run_quality(
             case = measure(
                 records,
                 model=run.models[site.name],
-                budget=budget,
+                budget=run.budget,
                 start=t0,
                 baseline_p95=baselines[site.name],
             )
@@ -996,7 +1030,8 @@ def run_quality(
             )
 
     table = Table(
-        f"Per site and client, over {budget:g} s from the first request",
+        f"Per site and client, over {budget:g} s from the first request (long-window: "
+        f"{budgets.get('long-window', budget):g} s)",
         [
             "site",
             "client",
@@ -1058,24 +1093,24 @@ def run_quality(
 
     result.notes.extend(
         [
-            f"Counted over the requests that reached the site in the {budget:g} s from its "
-            "first request. '% of allowed' is 200 responses over what the site allows in "
-            "that span (its quota's limit per window, following the changes, or its "
-            "capacity); '2nd half' is the same over the second half of the run, the steady "
-            "state the rate targets are judged on (the first half includes the ramp, which "
-            "the '90 % at' target covers), except where a quota's window is longer than half "
-            "the run (long-window): there is no steady state within one window, so the whole "
-            "run is judged. 'refused' is every other status over all "
-            "responses. 'inside waits' counts requests that reached the site while a wait it "
-            "had announced to the same client was running (Retry-After, or the reset of a "
-            "quota whose remaining was 0: draft-10 t, X-RateLimit-Reset), from "
-            f"{GRACE * 1000:g} ms after that response left the site. 'p95' is the 95th "
-            "percentile of the 200s' latency at the site (arrival to answer, queueing "
-            "included) and 'p95 / alone' its ratio to the p95 of a client sending one "
-            f"request at a time to a fresh copy of the site. '90 % at' is the end of the "
-            f"first {REACH_WINDOW:g} s window in which the site served at least "
-            f"{REACH_SHARE:.0%} of what it allows. A change of the changing quota is followed "
-            f"at the end of the first {FOLLOW_WINDOW:g} s window after it with at least "
+            f"Counted over the requests that reached the site in the {budget:g} s from its first "
+            f"request (long-window: the {budgets.get('long-window', budget):g} s, five of its "
+            "windows). '% of allowed' is 200 responses over what the site allows in that span "
+            "(its quota's limit per window, following the changes, or its capacity); '2nd half' "
+            "is the same over the second half of the run, the steady state the rate targets are "
+            "judged on (the first half includes the ramp, which the '90 % at' target covers), "
+            "except where a quota's window is longer than half the run (only in a shortened run):"
+            " with no steady state within one window, the whole run is judged. 'refused' is every"
+            " other status over all responses of the run (the first window's discovery included)."
+            " 'inside waits' counts requests that reached the site while a wait it had announced "
+            "to the same client was running (Retry-After, or the reset of a quota whose remaining"
+            f" was 0: draft-10 t, X-RateLimit-Reset), from {GRACE * 1000:g} ms after that response"
+            " left the site. 'p95' is the 95th percentile of the 200s' latency at the site "
+            "(arrival to answer, queueing included) and 'p95 / alone' its ratio to the p95 of a "
+            "client sending one request at a time to a fresh copy of the site. '90 % at' is the "
+            f"end of the first {REACH_WINDOW:g} s window in which the site served at least "
+            f"{REACH_SHARE:.0%} of what it allows. A change of the changing quota is followed at "
+            f"the end of the first {FOLLOW_WINDOW:g} s window after it with at least "
             f"{REACH_SHARE:.0%} of the new rate served and under {TARGET_REFUSED:.0%} refused.",
             "A fixed window (header-quota, x-ratelimit) allows a full quota in each window the "
             "run touches, so a client that uses the first, partial window can exceed 100 % "
@@ -1095,6 +1130,7 @@ def run_quality(
     )
     result.data = {
         "budget_s": budget,
+        "budgets_s": budgets,
         "sites": {
             site.name: {
                 "kind": site.kind,
@@ -1111,7 +1147,7 @@ def run_quality(
             for client in clients
         },
         "cases": cases,
-        "figures": _figures(cases, budget),
+        "figures": _figures(cases, budgets),
     }
     return result
 

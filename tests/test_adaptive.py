@@ -321,9 +321,10 @@ def test_a_long_window_is_learned_from_how_long_the_server_stays_closed(backend:
     assert sum(1 for r in first if r.status == 429) <= 10
     assert _ok_rate(trace, 70, 300) >= 0.95 * 1.0
     late = [r for r in trace.requests if r.sent is not None and r.sent >= 70]
-    # A MISS of the < 2 % target: each probe above a long window's edge
-    # costs a refusal or two (a full window lets go of one request at a time).
-    assert sum(1 for r in late if r.status == 429) / len(late) < 0.035
+    # A probe above the edge costs one refusal; then the scope sends only as
+    # the window lets go of the probe's sends (by the rate alone it refused
+    # once in about ten seconds for a whole window: 2.7 % refused).
+    assert sum(1 for r in late if r.status == 429) / len(late) < 0.015
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

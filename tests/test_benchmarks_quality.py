@@ -26,8 +26,10 @@ if str(REPO) not in sys.path:
 
 from benchmarks.figures import draw_figures, figure_rst  # noqa: E402
 from benchmarks.quality import (  # noqa: E402
+    BUDGET,
     CLIENTS,
     SITES,
+    _plan_runs,
     adaptive_available,
     allowed,
     allowed_rate,
@@ -189,6 +191,26 @@ def test_every_site_kind_of_the_issue_is_there() -> None:
     assert allowed_rate(models["errors"], 0.0) == 50.0
     assert allowed_rate(models["cdn"], 0.0) is None
     assert {site.kind for site in SITES} == {"policy", "load", "errors", "unlimited"}
+
+
+def test_the_long_window_runs_five_windows_with_every_client_at_once(tmp_path: Path) -> None:
+    budgets = {site.name: site.seconds or BUDGET for site in SITES}
+    assert budgets["long-window"] == 5 * 60.0
+    groups = _plan_runs(SITES, list(CLIENTS), budgets, False, tmp_path)
+    long = [group for group in groups if any(run.budget != BUDGET for run in group)]
+    assert len(long) == 1
+    assert [run.client for run in long[0]] == list(CLIENTS)
+    assert {(site.name, run.budget) for run in long[0] for site in run.sites} == {
+        ("long-window", 300.0)
+    }
+    # Each client's group of policy sites leaves it out.
+    assert all(
+        "long-window" not in {site.name for site in run.sites}
+        for group in groups
+        if group is not long[0]
+        for run in group
+        if run.client.kind != "baseline"
+    )
 
 
 def test_clients_share_one_ceiling() -> None:

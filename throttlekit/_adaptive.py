@@ -86,7 +86,9 @@ class Adaptive:
       a second of the last cut are echoes of it. A server that stays closed
       through pauses longer than it was open has a long window: the rate
       becomes what got through over the time it took to reopen, and edges
-      are counted over that window from then on. The rate
+      are counted over that window from then on (and while holding, a
+      send waits until the window has room, as counted from its own
+      sends). The rate
       never exceeds twice the measured send rate, so an idle scope does not
       earn a burst. When the server counts its quota in headers (remaining
       and reset), they pace the scope and the rate loop stands aside, until
@@ -329,6 +331,8 @@ class AdaptiveState(SlotState):
         if now >= self.refine_at:
             self._refine(scope, now)
         self._advance(scope, now)
+        if self.horizon > _EDGE_HORIZON and self.phase in ("recover", "hold"):
+            self._keep_window(scope)
 
     @staticmethod
     def _classify(feedback: Feedback) -> str:
@@ -504,6 +508,33 @@ class AdaptiveState(SlotState):
             "/".join(f"{rate:.3g}" for rate in rates),
         )
         return True
+
+    def _keep_window(self, scope: ScopeView) -> None:
+        """Below the edge of a long window, send only as it lets go of earlier sends.
+
+        The rate alone keeps a sliding window at its limit for a whole window
+        after a probe went above it (the window still holds the probe's sends,
+        and new ones replace them only as fast as they leave): each send that
+        comes before one has left is refused. So while recovering and holding,
+        a send waits until the window (as counted from the sends of the last
+        one, those in flight included) has room for it.
+        """
+        edge = self.edge
+        if edge is None:
+            return
+        horizon = self.horizon
+        sends = self.sends
+        if not sends:
+            return
+        start = sends[-1][0] - horizon
+        if len(sends) == _SENDS and sends[0][0] > start:
+            return  # the log does not reach back a whole window: no count
+        first = bisect.bisect_right(sends, [start, INF])
+        accepted = [entry[0] for entry in sends[first:] if entry[1]]
+        over = len(accepted) + scope.in_flight - math.floor(edge * horizon) + 1
+        if over > 0 and accepted:
+            leaves = accepted[min(over, len(accepted)) - 1] + horizon
+            self.blocked_until = max(self.blocked_until, leaves)
 
     def _pause_for_excess(self, sent: float, edge: float, now: float, pause: float) -> None:
         """Block until the server's window has let go of what went out above the edge."""
