@@ -17,6 +17,7 @@ import math
 import random
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -377,6 +378,55 @@ class ScriptCalls:
                     return
                 raise TimeoutError("Redis did not take back an abandoned grant")
 
+    def _release_head(self, lease: RedisLease, used: bool) -> list[bytes]:
+        """A release's arguments before the scopes': its keys, clock, lease id, send time, used."""
+        return [
+            lease.encoded_keys,
+            bulk(self.now_arg()),
+            bulk(lease.id),
+            bulk_of(lease.send_at_ms),
+            _USED if used else _UNUSED,
+            self._release_base,
+        ]
+
+    def _release_scope(
+        self,
+        scope: str,
+        policy_args: PolicyArgs,
+        want: bytes,
+        consumed: Mapping[str, float] | None,
+    ) -> bytes:
+        """A scope's arguments of a release but the controllers' write."""
+        amount = _AS_DECLARED
+        if consumed is not None and scope in consumed:
+            amount = bulk_of(max(0.0, float(consumed[scope])))
+        policy = policy_args.encoded
+        if want is _NOT_WANTED and not policy_args.booked:
+            policy = _NO_POLICY  # (the script has nothing to read it for)
+        return self._scope(scope)[2] + amount + want + policy
+
+    def post_release(self, lease: RedisLease, consumed: Mapping[str, float] | None) -> bool:
+        """Release a sent request without feedback, without waiting; whether it was sent.
+
+        Its reply can only say that it was released, unless its lease may
+        lapse soon (then this returns ``False``, as when no kept connection
+        can carry it without waiting: :meth:`release` it). The reply is read
+        by the next call on the connection (:meth:`_settled`); had Redis not
+        run it, the lease is handed back by the next acquire, or lapses after
+        ``lease_time``.
+        """
+        if _now() >= lease.expires - _SURE - 0.1 * self.lease_time:
+            return False
+        parts = self._release_head(lease, True)
+        for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
+            parts += (self._release_scope(scope, policy_args, _NOT_WANTED, consumed), _NO_WRITE)
+        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
+        command = RELEASE.frame(1 + len(lease.keys) + 6 + 8 * len(lease.scopes), parts)
+        if not self.link.post(RELEASE, command, partial(self._settled, lease)):
+            return False
+        self.release_calls += 1
+        return True
+
     async def release(
         self,
         lease: RedisLease,
@@ -402,14 +452,7 @@ class ScriptCalls:
         packed = lease.policies
         if feedback is not None:
             feedback = attrs.evolve(feedback, sent_at=lease.send_at_ms / 1000.0)
-        base = [
-            lease.encoded_keys,
-            bulk(self.now_arg()),
-            bulk(lease.id),
-            bulk_of(lease.send_at_ms),
-            _USED if used else _UNUSED,
-            self._release_base,
-        ]
+        base = self._release_head(lease, used)
         fixed = []
         wanted = False
         writes: dict[int, bytes] = {}
@@ -428,18 +471,10 @@ class ScriptCalls:
                         feedback_at = self._redis_now(lease)
                     write = feedback_write(scope, policy_args, stored, feedback, feedback_at)
                     writes[index] = b"".join(map(bulk_of, (*write, b"%d" % stored.in_flight)))
-            amount = _AS_DECLARED
-            if consumed is not None and scope in consumed:
-                amount = bulk_of(max(0.0, float(consumed[scope])))
-            policy = policy_args.encoded
-            if want is _NOT_WANTED and not policy_args.booked:
-                policy = _NO_POLICY  # (the script has nothing to read it for)
-            fixed.append(self._scope(scope)[2] + amount + want + policy)
+            fixed.append(self._release_scope(scope, policy_args, want, consumed))
         later: Settle | None = None
         if not quiet and not wanted and now < lease.expires - _SURE - 0.1 * self.lease_time:
-
-            def later(reply: Any) -> None:
-                self._settled(lease, reply)
+            later = partial(self._settled, lease)
 
         # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
         count = 1 + len(lease.keys) + 6 + 8 * len(names)

@@ -213,6 +213,9 @@ class Link:
         self._loaded: set[bytes] = set()
         #: Kept connections found closed, to give back to the pool.
         self._closed: list[Any] = []
+        #: Per kept connection, calls posted (:meth:`post`) but not written yet.
+        self._corked: dict[Any, list[bytes]] = {}
+        self._flush_scheduled = False
 
     def __repr__(self) -> str:
         owed = sum(map(len, self._owed.values()))
@@ -243,8 +246,11 @@ class Link:
             if connection is None:
                 connection = await self._connection()
             owed = self._owed.pop(connection, None)
+            corked = self._corked.pop(connection, None)
             try:
-                await connection.send_packed_command(command, check_health=False)
+                # (One write for the calls posted meanwhile and this one.)
+                data = b"".join([*corked, command]) if corked else command
+                await connection.send_packed_command(data, check_health=False)
                 if (
                     later is not None
                     and script.sha in self._loaded
@@ -282,6 +288,52 @@ class Link:
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def post(self, script: Script, command: bytes, later: Settle) -> bool:
+        """Send ``command`` without waiting for its reply, if a kept connection can carry it.
+
+        Nothing is awaited: the command is written at the end of this step of
+        the event loop, in one write with any call made on the same connection
+        meanwhile (a release followed by the next acquire costs one write and
+        one wake-up of Redis, not two). The next call on the connection reads
+        the reply first and hands it to ``later``, as :meth:`call` does.
+        Returns ``False`` (nothing sent) when no kept connection is free, the
+        script may not be loaded in Redis, or the connection owes too many
+        replies: then :meth:`call` it.
+        """
+        if script.sha not in self._loaded:
+            return False
+        connection = self._kept()
+        if connection is None:
+            return False
+        self._idle.append(connection)  # (still the one the next call takes)
+        owed = self._owed.setdefault(connection, [])
+        if len(owed) >= _OWED or getattr(connection, "_writer", None) is None:
+            if not owed:
+                del self._owed[connection]
+            return False
+        self._corked.setdefault(connection, []).append(command)
+        owed.append(later)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return True
+
+    def _flush(self) -> None:
+        """Write the posted calls that no later call took along."""
+        self._flush_scheduled = False
+        corked, self._corked = self._corked, {}
+        for connection, commands in corked.items():
+            writer = getattr(connection, "_writer", None)
+            if writer is None or not connection.is_connected:
+                continue  # (the next call finds it closed: its calls fail there)
+            try:
+                writer.write(b"".join(commands))
+            except Exception as exc:  # a broken transport: the calls fail now
+                if connection in self._idle:
+                    self._idle.remove(connection)
+                self._closed.append(connection)
+                _fail(self._owed.pop(connection, []), exc)
+
     async def _settle(self, connection: Any, owed: list[Settle]) -> None:
         """Read the replies ``connection`` owes, oldest first, and hand each to its call."""
         while owed:
@@ -301,6 +353,7 @@ class Link:
             if connection.is_connected:
                 return connection
             owed = self._owed.pop(connection, None)
+            self._corked.pop(connection, None)
             if owed:
                 _fail(owed, redis_errors.ConnectionError("the connection was closed"))
             self._closed.append(connection)
@@ -319,6 +372,7 @@ class Link:
 
         The calls whose replies it owed get ``exc``: whether Redis ran them is unknown.
         """
+        self._corked.pop(connection, None)
         if owed:
             _fail(owed, exc)
         with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
@@ -329,6 +383,7 @@ class Link:
 
     async def settle(self) -> None:
         """Read every reply the kept connections owe (the caller bounds the time)."""
+        self._flush()
         while self._owed:
             connection, owed = self._owed.popitem()
             self._idle.remove(connection)  # (nobody else reads it meanwhile)
@@ -341,6 +396,7 @@ class Link:
 
     async def aclose(self) -> None:
         """Give the kept connections back to the client's pool (once they owe nothing)."""
+        self._flush()
         idle, self._idle = self._idle + self._closed, []
         self._closed = []
         for connection in idle:

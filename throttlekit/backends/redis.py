@@ -352,9 +352,12 @@ class RedisBackend:
         if lease.released:
             return
         lease.released = True
+        calls = self._calls
+        if lease.feedback is None and calls.post_release(lease, lease.consumed):
+            self._let_go(lease)  # (sent without waiting: nothing to shield)
+            return
         try:
             with anyio.CancelScope(shield=True):
-                calls = self._calls
                 if not await calls.release(lease, lease.feedback, lease.consumed, used=True):
                     calls.orphans.append(lease)  # (its feedback is lost)
         finally:
