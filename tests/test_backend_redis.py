@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -662,6 +663,43 @@ async def test_a_release_without_feedback_does_not_wait_and_frees_the_slot(
     assert await admin.zcard(backend_keys(prefix, "s")[0]) == 0
     assert first._calls.orphans == []
     await other.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_release_without_feedback_goes_out_with_the_next_call(
+    redis_server: RedisServer, admin: aioredis.Redis, prefix: str
+) -> None:
+    backend = make_backend(redis_server, prefix)
+    limiter = throttlekit.Limiter(default=fast(concurrency=2, delay=0.0), backend=backend)
+    async with limiter.acquire(scopes="warmup"):
+        pass  # the scripts loaded: only then is a release sent without waiting
+    await anyio.lowlevel.checkpoint()  # (that release written)
+    (connection,) = backend._link._idle
+    writer = connection._writer
+    writes: list[int] = []
+    write, writelines = writer.write, writer.writelines
+
+    def counted_write(data: bytes) -> None:
+        writes.append(data.count(b"EVALSHA"))
+        write(data)
+
+    def counted_writelines(data: list[bytes]) -> None:
+        writes.append(sum(part.count(b"EVALSHA") for part in data))
+        writelines(data)
+
+    writer.write, writer.writelines = counted_write, counted_writelines
+    await admin.config_resetstat()
+    for _ in range(5):  # a release, then the next acquire in the same step
+        async with limiter.acquire(scopes="s"):
+            pass
+    assert writes == [1, 2, 2, 2, 2]  # each acquire took the release before it along
+    assert "owed=1" in repr(backend._link)
+    await anyio.lowlevel.checkpoint()  # the end of the step: the last one goes out alone
+    assert writes == [1, 2, 2, 2, 2, 1]
+    await backend.aclose()
+    assert await evalsha_calls(admin) == 10
+    assert await admin.zcard(backend_keys(prefix, "s")[0]) == 0
+    assert backend._calls.orphans == []
 
 
 @pytest.mark.anyio

@@ -325,7 +325,10 @@ if ready - now > reserve then
 end
 
 local t = math.max(now, ready)
-local t_text = f(t)
+-- (Numbers are formatted only when they differ: a string.format is a
+-- good part of an uncontended grant's time in Redis.)
+local t_text = now_text
+if t ~= now then t_text = f(t) end
 local due, kept = {}, {}
 for i = 1, n do
   local s = scopes[i]
@@ -337,7 +340,10 @@ for i = 1, n do
   st.last = t
   st.next = t + st.delay * st.factor
   if s.nslots > 0 and s.nslots >= st.conc - s.inflight then redis.call('ZPOPMIN', s.T) end
-  redis.call('HSET', s.S, 'next', f(st.next), 'last', t_text, 'factor', g(st.factor))
+  local next_text, factor_text = t_text, '1'
+  if st.next ~= t then next_text = f(st.next) end
+  if st.factor ~= 1 then factor_text = g(st.factor) end
+  redis.call('HSET', s.S, 'next', next_text, 'last', t_text, 'factor', factor_text)
   keep_state(s.S, st, now, ttl)
   -- The controllers must see this send (or rerun with this caller's policy);
   -- or their state comes with the grant, so that the release can run them on
@@ -366,8 +372,10 @@ for i = 1, n do
     redis.call('PEXPIRE', s.C, keep)
   end
 end
-if #due + #kept == 0 then return '1,' .. f(t - now) .. ',' .. t_text .. ',' .. now_text end
-local reply = {1, f(t - now), t_text, now_text, #due / 7}
+local wait = '0.000'
+if t ~= now then wait = f(t - now) end
+if #due + #kept == 0 then return '1,' .. wait .. ',' .. t_text .. ',' .. now_text end
+local reply = {1, wait, t_text, now_text, #due / 7}
 for m = 1, #due do reply[#reply + 1] = due[m] end
 for m = 1, #kept do reply[#reply + 1] = kept[m] end
 return table.concat(reply, '\n')  -- (JSON holds no raw newline)
