@@ -139,3 +139,40 @@ async def test_nested_acquire_on_another_limiter_is_independent() -> None:
     async with first.acquire(URL), second.acquire(URL) as inner:
         assert inner.scopes == {HOST: 1.0}
         assert second.statistics().in_flight == 1
+
+
+@both_backends
+async def test_permits_granted_on_the_fast_path_nest_like_any_other() -> None:
+    # Once the scope exists, acquires of it take the in-memory fast path, which
+    # keeps a permit held alone outside the per-task table: nesting, another
+    # task's acquire and leaving in any order must behave as on the general path.
+    limiter = throttlekit.Limiter(default=FREE)
+    async with limiter.acquire(URL):
+        pass  # the scope exists from now on
+    inside: dict[str, dict[str, float]] = {}
+
+    async def other_task() -> None:
+        async with limiter.acquire(URL) as other:
+            inside["other"] = other.scopes
+            async with limiter.acquire(URL) as nested:
+                inside["other nested"] = nested.scopes
+
+    async with limiter.acquire(URL) as outer:
+        async with limiter.acquire(URL) as inner:
+            assert (outer.scopes, inner.scopes) == ({HOST: 1.0}, {})
+            assert limiter.statistics().in_flight == 1
+        async with anyio.create_task_group() as group:
+            group.start_soon(other_task)
+        assert inside == {"other": {HOST: 1.0}, "other nested": {}}
+        async with limiter.acquire(URL) as again:  # still nested after all that
+            assert again.scopes == {}
+        # Left out of order: the outer block first, then the one entered inside it.
+        late = limiter.acquire(URL)
+        await late.__aenter__()
+        assert late.scopes == {}
+    assert limiter.statistics().in_flight == 0
+    await late.__aexit__(None, None, None)
+    async with limiter.acquire(URL) as after:  # nothing is held: not nested
+        assert after.scopes == {HOST: 1.0}
+    assert limiter.statistics().in_flight == 0
+    assert (limiter._held, limiter._sole) == ({}, None)

@@ -26,10 +26,26 @@ if TYPE_CHECKING:
 __all__ = ["Permit"]
 
 
+def _held_permits(limiter: Limiter) -> dict[object, Permit]:
+    """The innermost permit each task holds in ``async with`` blocks of ``limiter``.
+
+    While one permit alone is held, the fast path of the in-memory backend
+    keeps it as ``limiter._sole`` instead (two attribute writes cost less than
+    a dict insert and pop, on every uncontended acquire): it moves into the
+    dict here, as soon as anything else needs the dict.
+    """
+    held = limiter._held
+    sole = limiter._sole
+    if sole is not None:
+        limiter._sole = None
+        held[sole._task] = sole
+    return held
+
+
 def _holds_of(limiter: Limiter, task: object) -> list[Permit]:
     """The permits of ``limiter`` that ``task`` holds in ``async with`` blocks, outermost first."""
     holds = []
-    hold = limiter._held.get(task)
+    hold = _held_permits(limiter).get(task)
     while hold is not None:
         if hold._task is not None:
             holds.append(hold)
@@ -192,7 +208,7 @@ class Permit:
 
     def _hold(self, task: object) -> None:
         """Held by ``task`` in ``async with``: its acquires on this limiter nest in it."""
-        held = self._limiter._held
+        held = _held_permits(self._limiter)
         self._outer = held.get(task)
         self._task = task
         held[task] = self
@@ -201,7 +217,7 @@ class Permit:
         """The ``async with`` block is left: acquires of its task no longer nest in it."""
         task = self._task
         self._task = None
-        self._unheld(task, self._limiter._held.pop(task, None))
+        self._unheld(task, _held_permits(self._limiter).pop(task, None))
 
     def _unheld(self, task: object, top: Permit | None) -> None:
         """The rest of :meth:`_unhold` once ``top``, the task's innermost hold, is popped."""

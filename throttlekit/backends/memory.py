@@ -25,7 +25,7 @@ from .._clock import now_or_monotonic
 from .._controller import Feedback
 from .._errors import Overloaded, ThrottleTimeout
 from .._ledger import ScopeLedger
-from .._permit import Permit
+from .._permit import Permit, _held_permits
 from .._policy import ScopePolicy
 from .._scheduler import CANCELLED, GRANTED, RELEASED, WAITING, Scheduler, Ticket
 from .._stats import LimiterStatistics, ScopeStatistics
@@ -104,23 +104,19 @@ class MemoryPermit(Permit):
                 ledger = limiter._local._ledgers.get(scopes)
             else:
                 ledger = None
-            # A task that holds a permit of this limiter may be nesting: general
-            # path; else its task holds this one from now on (undone if the
-            # fast path does not apply).
-            if (
-                type(ledger) is ScopeLedger
-                and ledger.plain
-                and not ledger.queue
-                and (held := limiter._held).setdefault(task, self) is self
-            ):
+            if type(ledger) is ScopeLedger and ledger.plain and not ledger.queue:
                 gate = limiter._local._gate
                 limit = gate.limit
                 concurrency = ledger.concurrency
+                sole = limiter._sole
+                held = limiter._held
                 if (
                     (limit is None or (gate.in_flight < limit and not gate.queue))
                     and (concurrency is None or ledger.in_flight < concurrency)
                     and ledger.next_send_at <= now
                     and ledger.blocked_until <= now
+                    # A task that holds a permit of this limiter nests: general path.
+                    and (task not in held if sole is None else sole._task is not task)
                 ):
                     ledger.in_flight += 1
                     ledger.factor = 1.0
@@ -130,12 +126,13 @@ class MemoryPermit(Permit):
                     self._ledger = ledger
                     self._sent_at = now
                     self._lease = _FAST_GRANTED
-                    if self._encloses:
+                    if self._encloses:  # its task holds it (Permit._hold, inline)
                         self._task = task
-                    else:
-                        del held[task]
+                        if sole is None and not held:
+                            limiter._sole = self
+                        else:
+                            _held_permits(limiter)[task] = self
                     return self
-                del held[task]
         await super().__aenter__()
         self._remember()
         return self
@@ -212,11 +209,15 @@ class MemoryPermit(Permit):
         tb: TracebackType | None,
     ) -> None:
         task = self._task
-        if task is not None:  # Permit._unhold, its usual case inline
+        if task is not None:  # Permit._unhold, its usual cases inline
             self._task = None
-            top = self._limiter._held.pop(task, None)
-            if top is not self or self._outer is not None:
-                self._unheld(task, top)
+            limiter = self._limiter
+            if limiter._sole is self:  # held alone: nothing nested in it
+                limiter._sole = None
+            else:
+                top = _held_permits(limiter).pop(task, None)
+                if top is not self or self._outer is not None:
+                    self._unheld(task, top)
         if self._lease is _FAST_GRANTED:  # release's fast case, inline
             ledger = self._ledger
             gate = self._limiter._local._gate
