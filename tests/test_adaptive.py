@@ -392,6 +392,26 @@ def test_load_bound_server_near_capacity_without_queueing(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("workers", "service_time"), [(1, 0.05), (2, 1.0)])
+def test_a_server_that_serves_few_at_once_is_not_queued_at(
+    workers: int, service_time: float, backend: str
+) -> None:
+    # A queue of four (the threshold for a large server) at a one-worker
+    # server is five times its latency: it was 4x at one worker, 2.75x at two.
+    server = CapacityServer(workers=workers, service_time=service_time)
+    duration = 60.0 if service_time < 0.5 else 120.0
+    trace = _run(server, duration, backend)
+    capacity = workers / service_time
+    assert _ok_rate(trace, duration / 2, duration) >= 0.9 * capacity
+    late = sorted(
+        r.responded - r.sent
+        for r in trace.requests
+        if r.status == 200 and r.sent is not None and r.sent >= duration / 2
+    )
+    assert late[int(0.95 * len(late))] <= 2 * service_time + 1e-9
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_server_that_never_limits_is_used_up_to_the_ceiling(backend: str) -> None:
     # A CDN answering every page in 50 ms however many are in flight: the
     # policy's ceiling (16 in flight, so 320/s) is the only limit, reached

@@ -101,7 +101,8 @@ class Adaptive:
       recent round mean and estimates the requests queued at the server
       (``limit * (1 - lowest / mean)``): it grows the limit while the queue
       is under 1.5 requests and shrinks it above 4, never growing while the
-      scope does not use what it has.
+      scope does not use what it has. For a server that serves only a few
+      at once (steady latencies), the thresholds shrink with it.
 
     Random errors do not move it: only when overload errors (5xx without
     ``Retry-After``, timeouts, dropped connections) are at least
@@ -208,7 +209,9 @@ class AdaptiveState(SlotState):
         "round_busy",
         "rtt_epoch",
         "rtt_min",
+        "rtt_min_at",
         "rtt_prev",
+        "rtt_prev_at",
         "run_at",
         "run_ok",
         "sends",
@@ -263,8 +266,10 @@ class AdaptiveState(SlotState):
         self.round: list[float] = []  # latencies of the current round
         self.round_at = -INF  # when the current round began
         self.round_busy = False  # whether the scope used at least half its limit this round
-        self.rtt_min = INF
-        self.rtt_prev = INF
+        # The lowest round mean latency of this epoch and of the last, and the
+        # concurrency limit each was measured at.
+        self.rtt_min = self.rtt_min_at = INF
+        self.rtt_prev = self.rtt_prev_at = INF
         self.rtt_epoch = -INF
         self.reason = f"adaptive: starting at {self.rate:g}/s"
 
@@ -780,7 +785,15 @@ class AdaptiveState(SlotState):
         mean = self.latency
         self.latency = latency if mean is None else mean + 0.1 * (latency - mean)
         if now - self.rtt_epoch >= _RTT_EPOCH:
-            self.rtt_prev, self.rtt_min, self.rtt_epoch = self.rtt_min, INF, now
+            # The epoch's floor replaces the older one unless every round of
+            # it had more in flight than that one's: then its latencies may
+            # be the scope's own queue (a floor risen so would let the limit
+            # grow on and on); the older floor stays until a round at a
+            # limit no higher measures again (the limit shrinks to it when
+            # the server has really slowed down).
+            if self.rtt_min == INF or self.rtt_min_at <= self.rtt_prev_at:
+                self.rtt_prev, self.rtt_prev_at = self.rtt_min, self.rtt_min_at
+            self.rtt_min, self.rtt_min_at, self.rtt_epoch = INF, INF, now
         limit = self.concurrency
         if limit is None:
             return
@@ -795,13 +808,14 @@ class AdaptiveState(SlotState):
         ):
             return
         median = sum(self.round) / len(self.round)  # the round's mean latency
+        spread = math.sqrt(sum((x - median) ** 2 for x in self.round) / len(self.round))
         busy = self.round_busy
         self.round, self.round_busy = [], False
         # The baseline is the lowest round median of the last epochs, not the
         # lowest single latency: with varied service times (an exponential
         # has its minimum near 0) one lucky answer would read as a queue.
         if median < self.rtt_min:
-            self.rtt_min = median
+            self.rtt_min, self.rtt_min_at = median, limit
         floor = min(self.rtt_min, self.rtt_prev)
         if median <= 0 or floor == INF:
             return
@@ -811,12 +825,20 @@ class AdaptiveState(SlotState):
         if self.concurrency_edge is not None:
             top = min(top, self.concurrency_edge)
         old = limit
-        if queue > _QUEUE_HIGH:
+        low, high = _QUEUE_LOW, _QUEUE_HIGH
+        if spread < 0.5 * median:
+            # Steady latencies (so a trustworthy floor): the thresholds shrink
+            # for a server that serves few at once (its limit less the
+            # queue), where a queue of four is five times its latency. Widely
+            # varied ones (a cache in front of a slow origin) keep them.
+            serving = limit - queue
+            low, high = min(low, 0.5 * serving), min(high, max(1.0, serving))
+        if queue > high:
             self.limit_growing = False
-            limit = max(1, limit - 1 if queue < 2 * _QUEUE_HIGH else int(limit * 0.9))
-        elif queue < _QUEUE_LOW and busy:
+            limit = max(1, limit - 1 if queue < 2 * high else int(limit * 0.9))
+        elif queue < low and busy:
             limit = min(top, limit * 2 if self.limit_growing else limit + 1)
-        elif queue >= _QUEUE_LOW:
+        elif queue >= low:
             self.limit_growing = False
         self.concurrency = limit
         if limit != old:
