@@ -10,7 +10,9 @@
     the acquire and the pair in multiples of a ``PING`` (medians of the
     per-round ratios, so the machine's load hits both alike), in wall time
     and in this process's CPU time (the client's own cost), the release alone
-    (it does not wait for its reply: the next acquire reads it), round trips
+    (it does not wait for its reply: it goes out with the next acquire, which
+    reads it), the floor of any script call (``EVALSHA`` of a script that only
+    returns, sent the way the backend sends its scripts), round trips
     per acquire and per release (the backend's counts, and ``EVALSHA`` calls
     per pair counted by the server), Redis's own time per ``EVALSHA`` and per
     ``PING`` (``INFO commandstats``: the scripts' cost in the server), the
@@ -55,6 +57,7 @@ import anyio
 import attrs
 
 import throttlekit
+from throttlekit.backends._redis_link import Script
 from throttlekit.backends.redis import RedisBackend
 
 __all__ = ["DELAY", "HOLD", "run"]
@@ -158,6 +161,20 @@ async def _calls_per_pair(limiter: throttlekit.Limiter, count: int) -> float:
     return float(stats.total_calls) / count
 
 
+#: The floor of any script call: EVALSHA of a script that does nothing but
+#: return a grant's reply, sent the way the backend sends its scripts.
+_TRIVIAL = Script("return '1,0.000,1.000,1.000'")
+
+
+async def _trivial_calls(backend: RedisBackend, count: int) -> float:
+    """Seconds per call of the trivial script through the backend's own call path."""
+    calls = backend._calls
+    started = time.perf_counter()
+    for _ in range(count):
+        await calls.call(_TRIVIAL, [], [], float("inf"))
+    return (time.perf_counter() - started) / count
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
@@ -178,9 +195,19 @@ async def _single(url: str, ops: int) -> dict[str, Any]:
         await _pairs(limiter, 1, False)
         await _pairs(with_controllers, 1, True)
         await admin.ping()
+        await _trivial_calls(backend, 1)
     rounds = 9
     each = max(1, ops // rounds)
-    keys = ("acquire", "pair", "ping", "acquire_cpu", "pair_cpu", "release", "controlled_pair")
+    keys = (
+        "acquire",
+        "pair",
+        "ping",
+        "acquire_cpu",
+        "pair_cpu",
+        "release",
+        "controlled_pair",
+        "trivial",
+    )
     samples: dict[str, list[float]] = {key: [] for key in (*keys, "evalsha_us", "ping_server_us")}
     evalsha = controlled_evalsha = 0
     for _ in range(rounds):
@@ -193,6 +220,7 @@ async def _single(url: str, ops: int) -> dict[str, Any]:
         ping = (time.perf_counter() - started) / each
         ping_cpu = (time.process_time() - started_cpu) / each
         server = await _server_us(admin)
+        trivial = await _trivial_calls(backend, each)
         await admin.config_resetstat()
         _, controlled_pair, _, _, _ = await _pairs(with_controllers, each, True)
         controlled_evalsha += await _evalsha_calls(admin)
@@ -204,6 +232,7 @@ async def _single(url: str, ops: int) -> dict[str, Any]:
         samples["pair_cpu"].append(pair_cpu / ping_cpu)
         samples["release"].append(release / ping)
         samples["controlled_pair"].append(controlled_pair / ping)
+        samples["trivial"].append(trivial / ping)
         samples["evalsha_us"].append(server["evalsha"])
         samples["ping_server_us"].append(server["ping"])
     calls_per_pair = await _calls_per_pair(limiter, max(100, each))
@@ -246,6 +275,7 @@ async def _single(url: str, ops: int) -> dict[str, Any]:
             "us_per_acquire": _median(samples["acquire"]) * ping_us,
             "us_per_acquire_release": _median(samples["pair"]) * ping_us,
             "pings_per_release": _median(samples["release"]),
+            "pings_per_trivial_script": _median(samples["trivial"]),
             "server_us_per_evalsha": _median(samples["evalsha_us"]),
             "server_us_per_ping": _median(samples["ping_server_us"]),
             "python_calls_per_acquire_release": calls_per_pair,
@@ -474,6 +504,10 @@ def run_suite(config: Any) -> Any:
         "acquire+release (PINGs, client CPU)", round(single["cpu_pings_per_acquire_release"], 2)
     )
     table.add("release alone (PINGs, wall time)", round(single["pings_per_release"], 2))
+    table.add(
+        "floor: EVALSHA of a script that only returns (PINGs, wall time)",
+        round(single["pings_per_trivial_script"], 2),
+    )
     table.add("acquire+release (us/op)", round(single["us_per_acquire_release"], 1))
     table.add("Redis's own time per EVALSHA (us)", round(single["server_us_per_evalsha"], 1))
     table.add("Redis's own time per PING (us)", round(single["server_us_per_ping"], 2))
@@ -522,9 +556,13 @@ def run_suite(config: Any) -> Any:
         "An acquire is one EVALSHA round trip: the client's own work (building the call, "
         "reading the reply, the limiter around it), the round trip a PING also makes, and "
         "the script's time in Redis (Redis's own time per EVALSHA, against its time per PING).",
-        "A release without feedback does not wait for its reply: the next call on its "
-        "connection (here the next acquire) reads it, so 'release alone' is the client's "
-        "work to send it, and the script's time lands in the next acquire's round trip.",
+        "A release without feedback does not wait for its reply: it goes out in one write "
+        "with the next call on its connection (here the next acquire), which reads its "
+        "reply, so 'release alone' is the client's work to build it, and the release "
+        "script's time in Redis lands in the next acquire's round trip.",
+        "The floor is an EVALSHA of a script that only returns, sent as the backend sends "
+        "its scripts: what is left of an acquire above it is the limiter and backend in "
+        "this process and the two scripts' time in Redis.",
         "With AutoThrottle, the controllers' state comes with the grant and the release "
         "writes what they made of the feedback: two round trips per acquire+release.",
     ]
