@@ -106,19 +106,34 @@ class WaiterLine:
 
         :raises ThrottleTimeout: at ``deadline``.
         """
-        waiter = Waiter(priority, next(self._seq))
+        seq = next(self._seq)
         self.waiting += 1
+        first: tuple[int, float, bool, Any] | None = None
+        if not self._queues:  # nobody of this process in any line: ask Redis at once
+            try:
+                result = await attempt(0.0)
+            except BaseException:
+                self.waiting -= 1
+                raise
+            if not isinstance(result, tuple):
+                self.waiting -= 1
+                return result
+            first = result
+        waiter = Waiter(priority, seq)
         try:
             while True:
-                ahead = self.blocker(costs, waiter)
-                if ahead is not None:
-                    with anyio.move_on_after(deadline - _now()):
-                        await self.wait_in_line(waiter, ahead)
-                        continue
-                    raise _timeout(costs)
-                result = await attempt(waiter.turn)
-                if not isinstance(result, tuple):
-                    return result
+                if first is None:
+                    ahead = self.blocker(costs, waiter)
+                    if ahead is not None:
+                        with anyio.move_on_after(deadline - _now()):
+                            await self.wait_in_line(waiter, ahead)
+                            continue
+                        raise _timeout(costs)
+                    result = await attempt(waiter.turn)
+                    if not isinstance(result, tuple):
+                        return result
+                else:
+                    result, first = first, None
                 index, wait, full, waiter.turn = result
                 scope = list(costs)[index]
                 self.join(waiter, scope)

@@ -24,6 +24,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
@@ -474,10 +475,7 @@ class RedisBackend:
         if not link.down or link.may_try(_now()):
             if local.max_waiters is not None and line.waiting >= local.max_waiters:
                 raise Overloaded(f"{line.waiting} requests are already waiting (max_waiters)")
-
-            async def attempt(turn: Any) -> RedisLease | tuple[int, float, bool, Any]:
-                return await self._attempt(local, costs, policies, priority, turn, deadline, gated)
-
+            attempt = partial(self._attempt, local, costs, policies, priority, deadline, gated)
             try:
                 lease = await line.wait_for_grant(costs, priority, attempt, deadline)
             except UNAVAILABLE as exc:
@@ -495,9 +493,9 @@ class RedisBackend:
         costs: dict[str, float],
         policies: list[ScopePolicy],
         priority: int,
-        turn: Any,
         deadline: float,
-        gated: bool = True,
+        gated: bool,
+        turn: Any,
     ) -> RedisLease | tuple[int, float, bool, Any]:
         """One round trip, holding the per-process global cap and counted as held meanwhile."""
         gate = await local.acquire({}, priority=priority, timeout=_remaining(deadline), gated=gated)
