@@ -76,6 +76,7 @@ Closed = tuple[float, int, float]
 ACQUIRE = Script(scripts.ACQUIRE)
 SYNC = Script(scripts.SYNC)
 RELEASE = Script(scripts.RELEASE)
+PLAIN_RELEASE = Script(scripts.PLAIN_RELEASE)
 RENEW = Script(scripts.RENEW)
 STATE = Script(scripts.STATE)
 
@@ -136,7 +137,8 @@ class ScriptCalls:
         )
         self._ttl = ms(state_ttl)
         #: The release's arguments before the scopes' (after its clock, lease id, send time).
-        self._release_base = bulk(self.channel) + bulk(self._ttl)
+        self._channel = bulk(self.channel)
+        self._release_base = self._channel + bulk(self._ttl)
         self._policy_args: dict[int, PolicyArgs] = {}
         #: Per scope: its keys, them encoded, its name encoded.
         self._keys: dict[str, tuple[list[bytes], bytes, bytes]] = {}
@@ -417,15 +419,34 @@ class ScriptCalls:
         """
         if _now() >= lease.expires - _SURE - 0.1 * self.lease_time:
             return False
-        parts = self._release_head(lease, True)
-        for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
-            parts += (self._release_scope(scope, policy_args, _NOT_WANTED, consumed), _NO_WRITE)
-        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
-        command = RELEASE.frame(1 + len(lease.keys) + 6 + 8 * len(lease.scopes), parts)
-        if not self.link.post(RELEASE, command, partial(self._settled, lease)):
+        script, command = PLAIN_RELEASE, self._plain_release(lease)
+        if command is None:
+            script = RELEASE
+            parts = self._release_head(lease, True)
+            for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
+                parts += (self._release_scope(scope, policy_args, _NOT_WANTED, consumed), _NO_WRITE)
+            # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
+            command = RELEASE.frame(1 + len(lease.keys) + 6 + 8 * len(lease.scopes), parts)
+        if not self.link.post(script, command, partial(self._settled, lease)):
             return False
         self.release_calls += 1
         return True
+
+    def _plain_release(self, lease: RedisLease) -> bytes | None:
+        """The :data:`PLAIN_RELEASE` of a sent ``lease`` without feedback, if it applies.
+
+        It does when no scope has a slot delay or quota (whose books a release
+        keeps); ``None`` otherwise.
+        """
+        names = []
+        for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
+            if policy_args.booked:
+                return None
+            names.append(self._scope(scope)[2])
+        # (number of keys, keys, clock, lease id, channel, a name per scope)
+        count = 1 + len(lease.keys) + 3 + len(names)
+        head = [lease.encoded_keys, bulk(self.now_arg()), bulk(lease.id), self._channel]
+        return PLAIN_RELEASE.frame(count, head + names)
 
     async def release(
         self,
@@ -478,14 +499,17 @@ class ScriptCalls:
 
         # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
         count = 1 + len(lease.keys) + 6 + 8 * len(names)
+        plain = self._plain_release(lease) if used and not wanted else None
         try:
             for _ in range(_WRITE_TRIES):
-                args = list(base)
-                for index, values in enumerate(fixed):
-                    args += (values, writes.get(index, _NO_WRITE))
+                script, command = PLAIN_RELEASE, plain
+                if command is None:
+                    args = list(base)
+                    for index, values in enumerate(fixed):
+                        args += (values, writes.get(index, _NO_WRITE))
+                    script, command = RELEASE, RELEASE.frame(count, args)
                 self.release_calls += 1
-                command = RELEASE.frame(count, args)
-                reply = await self._send(RELEASE, command, deadline, later)
+                reply = await self._send(script, command, deadline, later)
                 if reply is None:
                     return True  # sent; its reply is read by the next call
                 if type(reply) is bytes:  # released: "1,now,found"

@@ -47,13 +47,13 @@ takes to split): the fingerprint, then the limits its fresh controllers give
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "KEYS_PER_SCOPE", "RELEASE", "RENEW", "STATE", "SYNC"]
+__all__ = ["ACQUIRE", "KEYS_PER_SCOPE", "PLAIN_RELEASE", "RELEASE", "RENEW", "STATE", "SYNC"]
 
 #: Keys per scope in ``KEYS`` (leases, state, slots, quota log, quota costs, waiters).
 KEYS_PER_SCOPE = 6
 
-#: Helpers every script starts with: the clock, policies, state, quota.
-_COMMON = r"""
+#: Helpers every script starts with: the clock, numbers as text, releasing a lease.
+_BASE = r"""
 local INF = math.huge
 
 local function f(x) return string.format('%.3f', x) end
@@ -64,6 +64,26 @@ local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 end
+
+-- Take `lease_id` out of the lease set `L`, and the expired leases with it:
+-- whether it was there (1/0), and whether it was still valid.
+local function drop_lease(L, lease_id, now, now_text)
+  local expiry = tonumber(redis.call('ZSCORE', L, lease_id))
+  local removed = redis.call('ZREM', L, lease_id)
+  redis.call('ZREMRANGEBYSCORE', L, '-inf', now_text)
+  return removed, expiry ~= nil and expiry > now
+end
+
+-- A release freed a slot: wake the scope's waiters, if some wait (flag `W`).
+local function wake_waiters(removed, W, channel, name)
+  if removed == 1 and redis.call('EXISTS', W) == 1 then redis.call('PUBLISH', channel, name) end
+end
+"""
+
+#: Helpers of the scripts that read policies and state: policies, state, quota.
+_COMMON = (
+    _BASE
+    + r"""
 
 local function split(text)
   local v = {}
@@ -193,6 +213,7 @@ local function quota_ready(Q, C, cost, quota, window, now)
   end
 end
 """
+)
 
 #: Try to take a lease on every scope at once.
 #:
@@ -487,10 +508,8 @@ for i = 1, n do
   local s = scopes[i]
   local st = s.st
   if s.ver ~= '' then write_state(s.S, st, s.limits, s.ctl, now, ttl) end
-  local expiry = tonumber(redis.call('ZSCORE', s.L, lease_id))
-  local removed = redis.call('ZREM', s.L, lease_id)
-  if expiry and expiry > now then found = found + 1 end
-  redis.call('ZREMRANGEBYSCORE', s.L, '-inf', now_text)
+  local removed, valid = drop_lease(s.L, lease_id, now, now_text)
+  if valid then found = found + 1 end
   if used == 1 and removed == 1 and s.p.slot > 0 and st.conc > 0 then
     -- The freed slot remembers its send time (ScopeLedger.release()).
     local inflight = redis.call('ZCARD', s.L)
@@ -512,14 +531,36 @@ for i = 1, n do
       end
     end
   end
-  if removed == 1 and redis.call('EXISTS', s.W) == 1 then
-    redis.call('PUBLISH', channel, s.name)
-  end
+  wake_waiters(removed, s.W, channel, s.name)
 end
 if used == 0 and found == 0 then
   -- Handing back a grant that was never seen: if the acquire call is still on
   -- its way, it must not grant (see ACQUIRE).
   redis.call('SET', KEYS[#KEYS], '1', 'PX', 60000)
+end
+return '1,' .. now_text .. ',' .. found
+"""
+)
+
+#: Hand back a lease of a sent request without feedback, in scopes without
+#: slot delay or quota (the common release: nothing to read or write but the
+#: lease sets): :data:`RELEASE` without its policies and state.
+#:
+#: KEYS as for :data:`RELEASE`; ARGV: clock, lease id, channel, then each
+#: scope's name. Replies as :data:`RELEASE` does once released:
+#: ``"1,now_ms,found"``.
+PLAIN_RELEASE = (
+    _BASE
+    + r"""
+local now = clock()
+local now_text = f(now)
+local lease_id = ARGV[2]
+local found = 0
+for i = 1, #ARGV - 3 do
+  local k = (i - 1) * 6
+  local removed, valid = drop_lease(KEYS[k + 1], lease_id, now, now_text)
+  if valid then found = found + 1 end
+  wake_waiters(removed, KEYS[k + 6], ARGV[3], ARGV[3 + i])
 end
 return '1,' .. now_text .. ',' .. found
 """
