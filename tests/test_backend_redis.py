@@ -33,6 +33,7 @@ from redis.crc import key_slot
 
 import throttlekit
 from throttlekit import AutoThrottle, BackendUnavailable, ScopePolicy
+from throttlekit.backends import _redis_calls
 from throttlekit.backends.redis import RedisBackend
 
 pytestmark = pytest.mark.redis
@@ -700,6 +701,33 @@ async def test_a_release_without_feedback_goes_out_with_the_next_call(
     assert await evalsha_calls(admin) == 10
     assert await admin.zcard(backend_keys(prefix, "s")[0]) == 0
     assert backend._calls.orphans == []
+
+
+@pytest.mark.anyio
+async def test_a_release_without_slot_delay_or_quota_reads_no_state(
+    own_redis_server: RedisServer, prefix: str
+) -> None:
+    admin = own_redis_server.admin()
+    backend = make_backend(own_redis_server, prefix)
+    limiter = throttlekit.Limiter(default=fast(concurrency=2, delay=0.0), backend=backend)
+    async with limiter.acquire(scopes="warmup"):
+        pass
+    await backend._link.settle()
+    await admin.config_resetstat()
+    for _ in range(5):
+        async with limiter.acquire(scopes="s"):
+            pass
+    await backend.aclose()  # (confirms the last release)
+    calls = {name: stats["calls"] for name, stats in (await admin.info("commandstats")).items()}
+    assert calls["cmdstat_evalsha"] == 10
+    assert calls["cmdstat_zrem"] == 5  # the releases...
+    assert calls["cmdstat_hmget"] == 5  # ...read no state: only the acquires do
+    assert "cmdstat_hget" not in calls
+    assert await admin.zcard(backend_keys(prefix, "s")[0]) == 0
+    # Their script reads no policy either: the general release script was never sent.
+    plain, general = _redis_calls.PLAIN_RELEASE.sha, _redis_calls.RELEASE.sha
+    assert await admin.script_exists(plain, general) == [True, False]
+    await admin.aclose()
 
 
 @pytest.mark.anyio
