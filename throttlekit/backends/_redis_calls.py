@@ -5,8 +5,10 @@ arguments encoded once per scope and policy and cached), a grant whose send
 reached a controller's ``due`` time into a ``SYNC`` of the controllers'
 ``on_send``, and a release into a ``RELEASE`` call, preceded by one that
 reads the controllers' state when its feedback needs them
-(:mod:`._redis_state` runs them). Every call is bounded in time; a grant
-whose reply was lost is handed back as soon as Redis answers again.
+(:mod:`._redis_state` runs them), or, without feedback and in scopes
+without slot delay or quota, into a ``PLAIN_RELEASE`` (the lease sets
+only), posted without waiting for its reply. Every call is bounded in time;
+a grant whose reply was lost is handed back as soon as Redis answers again.
 """
 
 from __future__ import annotations
