@@ -1,6 +1,6 @@
 """The throttling-quality suite: how much of what each site allows a client uses, and at what cost.
 
-Nine local sites (:data:`SITES`), each a :mod:`throttlekit.testing` server
+Ten local sites (:data:`SITES`), each a :mod:`throttlekit.testing` server
 model served over HTTP (:mod:`benchmarks.quality_sites`), crawled side by
 side by the clients of :data:`CLIENTS`:
 
@@ -25,7 +25,7 @@ time to reach 90 % of the allowed rate, and on the changing quota the time
 to follow each change. Targets (the issue's, DESIGN.md's) are PASS/MISS lines.
 
 How the runs are laid out on a 2-core machine: first the one-at-a-time
-baselines of every site at once; then, per client, five of the policy sites
+baselines of every site at once; then, per client, six of the policy sites
 at once (light, rate-bound traffic: a few client processes that sleep most
 of the time), and each of the three load-sensitive sites (capacity, errors,
 CDN) alone; last, the long window (60 per minute), for five windows, by
@@ -244,6 +244,22 @@ SITES: tuple[Site, ...] = (
         "10/s, then 5/s, then 15/s; Retry-After: 1",
         "the quota site's rules, with the quota changing at a third and at two thirds of the "
         "run: 10, then 5, then 15 requests per sliding second",
+    ),
+    Site(
+        "503-limit",
+        "policy",
+        lambda budget: QuotaServer(
+            limit=10,
+            window=1.0,
+            sliding=True,
+            status=503,
+            latency=0.05,
+            reject_latency=0.001,
+            retry_after=None,
+        ),
+        "10/s sliding, bare 503 (as nginx's limit_req)",
+        "10 requests per sliding second; beyond, a 503 in 1 ms with no Retry-After (nginx's "
+        "limit_req answers so by default); pages in 50 ms",
     ),
     Site(
         "capacity",
@@ -950,14 +966,14 @@ def run_quality(
         "every client crawling every site at once for a few seconds (a smoke run: "
         "the numbers are not meaningful)"
         if config.quick
-        else "five policy sites at once per client, the load-sensitive ones one at a time, "
+        else "six policy sites at once per client, the load-sensitive ones one at a time, "
         "the long window by every client at once"
     )
     result = SuiteResult(
         "quality",
         "Throttling quality against local sites",
         "Scrapy's AutoThrottle, throttlekit's Backoff+AutoThrottle (the 0.1 configuration) "
-        "and throttlekit's Adaptive, through httpx and through Scrapy, crawl nine local sites "
+        "and throttlekit's Adaptive, through httpx and through Scrapy, crawl ten local sites "
         f"that behave like real ones ({how}), {budget:g} s each "
         f"(the long window {budgets.get('long-window', budget):g} s), with a ceiling of 16 "
         "requests in flight and no fixed delay: how much of what each site allows they use, "
@@ -1187,7 +1203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 SUITES = (
     Suite(
         "quality",
-        "Scrapy AutoThrottle vs throttlekit Backoff+AutoThrottle vs Adaptive on nine local sites",
+        "Scrapy AutoThrottle vs throttlekit Backoff+AutoThrottle vs Adaptive on ten local sites",
         run_quality,
     ),
 )

@@ -179,6 +179,7 @@ def test_every_site_kind_of_the_issue_is_there() -> None:
         "x-ratelimit",
         "long-window",
         "changing",
+        "503-limit",
         "capacity",
         "errors",
         "cdn",
@@ -186,6 +187,7 @@ def test_every_site_kind_of_the_issue_is_there() -> None:
     models = {site.name: site.model(60.0) for site in SITES}
     assert models["quota"].rate == 10.0  # type: ignore[attr-defined]
     assert models["fast-429"].retry_after is None  # type: ignore[attr-defined]
+    assert models["503-limit"].status == 503  # type: ignore[attr-defined]
     assert models["changing"].changes == ((20.0, 5), (40.0, 15))  # type: ignore[attr-defined]
     assert allowed_rate(models["capacity"], 0.0) == 80.0
     assert allowed_rate(models["errors"], 0.0) == 50.0
@@ -379,13 +381,13 @@ def test_quick_run_measures_every_site_and_client(tmp_path: Path) -> None:
         assert set(skipped) == {"Adaptive / httpx", "Adaptive / Scrapy"}
         assert all("not available" in reason for reason in skipped.values())
     # One PASS/MISS line per judged client and site with a target (not the CDN).
-    assert len(suite["targets"]) == 2 * 8
+    assert len(suite["targets"]) == 2 * 9
     assert all(target["passed"] in (True, False) for target in suite["targets"])
     figures = suite["data"]["figures"]
     assert [figure["image"] for figure in figures] == [
         f"_static/benchmarks/quality-{site.name}.png" for site in SITES
     ]
-    assert [len(figure["panels"][0]["lines"]) for figure in figures] == [len(clients) + 1] * 8 + [
+    assert [len(figure["panels"][0]["lines"]) for figure in figures] == [len(clients) + 1] * 9 + [
         len(clients)
     ]
     page = tmp_path / "benchmarks.rst"
