@@ -469,6 +469,42 @@ def test_sustained_overload_backs_off_hard(backend: str) -> None:
     assert len(late) / 10 < 5  # from hundreds per second to a trickle
 
 
+@attrs.frozen
+class FailsFrom:
+    """``server`` until ``at`` seconds, then a 503 for every other request."""
+
+    server: ServerModel
+    at: float
+
+    def start(self, rng: random.Random) -> Responder:
+        respond = self.server.start(rng)
+        count = 0
+
+        def answer(request: SimRequest, now: float) -> SimResponse:
+            nonlocal count
+            if now < self.at:
+                return respond(request, now)
+            count += 1
+            return SimResponse(status=503 if count % 2 else 200, latency=0.05)
+
+        return answer
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overload_after_a_long_window_is_cut_at_once(backend: str) -> None:
+    # A throttle's echoes are told over the horizon, a minute here: errors
+    # sent within it must still count toward the overload share.
+    long_window = QuotaServer(
+        limit=60, window=60.0, sliding=True, retry_after=None, latency=0.05, reject_latency=0.001
+    )
+    # The failures start just after a probe's refusal (about 149 s).
+    trace = _run(FailsFrom(long_window, at=150.0), 210.0, backend)
+    late = [r for r in trace.requests if r.sent is not None and r.sent >= 180]
+    # About one a second until then; cut within 20 s or so and again after
+    # (16 in the last 30 s; 30 when the errors were taken for echoes).
+    assert len(late) < 22, len(late)
+
+
 # -- invariants (hypothesis) --------------------------------------------------------------
 
 

@@ -685,10 +685,12 @@ class AdaptiveState(SlotState):
         refusal, until enough of them come to cut for overload as before
         (which starts the test again).
         """
-        if sent_at - self.cut_at < self.horizon:
-            return  # sent while the server still counted the sends before the cut
-        if feedback.status is not None and (
-            self.errors_limit or (self.errors_clean and self.phase in ("start", "probe"))
+        # An echo: sent while the server still counted the sends before the cut.
+        echo = sent_at - self.cut_at < self.horizon
+        if (
+            not echo
+            and feedback.status is not None
+            and (self.errors_limit or (self.errors_clean and self.phase in ("start", "probe")))
         ):
             if not self.errors_limit:
                 logger.debug("scope %s: errors only above the rate held: a rate limit", scope.name)
@@ -696,7 +698,8 @@ class AdaptiveState(SlotState):
             if not self._overloaded():
                 self._on_throttle(scope, sent_at, now, 0.0)
                 return
-        self.errors_clean = False
+        if not echo:
+            self.errors_clean = False
         if self._overloaded():
             self._cut_for_overload(scope, now)
 
