@@ -25,13 +25,13 @@ time to reach 90 % of the allowed rate, and on the changing quota the time
 to follow each change. Targets (the issue's, DESIGN.md's) are PASS/MISS lines.
 
 How the runs are laid out on a 2-core machine: first the one-at-a-time
-baselines of every site at once; then, per client, six of the policy sites
-at once (light, rate-bound traffic: a few client processes that sleep most
-of the time), and each of the three load-sensitive sites (capacity, errors,
-CDN) alone; last, the long window (60 per minute), for five windows, by
-every client at once (about one request a second each). Each run gets a
-fresh site on its own port (same seed for every client) and each client is
-its own process. A ``--quick`` run instead sends
+baselines of every site at once; then the long window (60 per minute), for
+five windows, by every client at once (about one request a second each);
+then, per client, the six other policy sites at once (light, rate-bound
+traffic: a few client processes that sleep most of the time), and each of
+the three load-sensitive sites (capacity, errors, CDN) alone. Each run gets
+a fresh site on its own port (same seed for every client) and each client
+is its own process. A ``--quick`` run instead sends
 every client (and the one-at-a-time baseline) to every site at once, in one
 process per client, for a few seconds: it only shows that the machinery works.
 """
@@ -736,7 +736,7 @@ def _plan_runs(
     ``budgets`` gives each site's seconds; a site with a budget of its own
     (longer than the others') is crawled by every client at once.
     """
-    budget = min(budgets.values())
+    budget = min(budgets.values(), default=0.0)
     if quick:
         baseline = (QUICK_BASELINE_SECONDS, QUICK_BASELINE_SAMPLES)
         return [
