@@ -457,6 +457,41 @@ def test_a_rate_limit_that_answers_503_is_held_below_like_a_429(
     assert _ok_rate(trace, 60, 120) >= 0.95 * 10
     sent = [r for r in trace.requests if r.sent is not None]
     assert sum(1 for r in sent if r.status == 503) / len(sent) < 0.02
+    # The first errors cut as overload; the sends after the cut, all
+    # accepted, say it was not (90 % by 25 s when a 10 s hold had to pass).
+    assert _time_to(trace, 0.9 * 10) + 5.0 <= 15.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(4))
+def test_random_errors_taken_for_a_limit_are_found_out(seed: int, backend: str) -> None:
+    # One random error in ten, in front of 50/s: an early burst of them can
+    # cut as overload, a clean run after it can pass for a limit's, and then
+    # every error cut a lower edge (down to 2/s, seed 1). Errors that go on
+    # below each edge are random: the scope searches up again.
+    def site(error_rate: float) -> FlakyServer:
+        return FlakyServer(
+            latency=0.05,
+            error_rate=error_rate,
+            error_statuses=(503,),
+            error_latency=0.001,
+            timeout_rate=0.0,
+            reset_rate=0.0,
+            origin=CapacityServer(workers=5, service_time=0.1, exponential=True),
+        )
+
+    def second_half(error_rate: float) -> float:
+        trace = simulate(
+            CEILING,
+            site(error_rate),
+            burst(URL, 8000),
+            duration=60.0,
+            seed=seed,
+            backend=backend,  # type: ignore[arg-type]
+        )
+        return _ok_rate(trace, 30, 60)
+
+    assert second_half(0.1) >= 0.85 * second_half(0.0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

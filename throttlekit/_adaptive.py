@@ -42,8 +42,19 @@ _QUEUE_HIGH = 4.0
 _PROBE_COST = 0.015
 #: An edge below this share of the last one means the limit dropped.
 _MOVED = 0.8
+#: Accepted sends in a row after an overload cut that prove its errors came
+#: from the rate, not at random: a server failing 10 % of requests at any rate
+#: passes 40 in a row 1.5 times in 100 (5 %: 13 times).
+_CLEAN_PROOF = 40
 #: The widest the margin below the edge grows when refusals come while holding.
 _MAX_MARGIN = 0.5
+#: While holding below the edge of a limit that refuses with errors, the
+#: share of errors among the sends of the last two horizons above which they
+#: are its refusals (the edge is lower than measured), not random ones.
+_HOLD_ERRORS = 0.1
+#: Cuts for such errors while holding, in a row, after which they are taken
+#: for random ones (a cut below a limit's edge stops its refusals).
+_HOLD_CUTS = 2
 #: The latencies of one round: enough for a stable mean of varied service times, or,
 #: when they come slowly, at least the fewer ones of ``_ROUND_TIME`` seconds.
 _ROUND = 30
@@ -108,9 +119,11 @@ class Adaptive:
     ``Retry-After``, timeouts, dropped connections) are at least
     ``overload_share`` of the last 40 outcomes (and at least 10 of them) does
     it cut rate and concurrency by ``overload_cut``. If after such a cut the
-    hold passes without an overload error and they come back once the rate
-    climbs past it, they are a rate limit's refusals (nginx's ``limit_req``
-    answers 503 by default), treated as 429s from then on.
+    sends pass without an overload error (40 accepted, or the hold) and
+    they come back once the rate climbs past it, they are a rate limit's
+    refusals (nginx's ``limit_req`` answers 503 by default), treated as
+    429s from then on, until cutting below each edge they measure leaves as
+    many (random errors, then: the search starts over).
 
     The policy is the ceiling: the scope's delay is the larger of the
     policy's and Adaptive's, its concurrency the smaller. ``Retry-After`` and
@@ -186,6 +199,7 @@ class AdaptiveState(SlotState):
         "errors_clean",
         "errors_limit",
         "headers_short",
+        "hold_cuts",
         "hold_for",
         "horizon",
         "latency",
@@ -251,6 +265,7 @@ class AdaptiveState(SlotState):
         # echoes of it), and whether such errors proved to be a rate limit's.
         self.errors_clean = False
         self.errors_limit = False
+        self.hold_cuts = 0  # cuts for errors while holding since the last clean hold
         self.latency: float | None = None  # the moving mean latency of accepted requests
         # When to measure the edge again, for a refusal sent at refine_for: once
         # the requests in flight then have answered (a slow server's).
@@ -683,25 +698,48 @@ class AdaptiveState(SlotState):
         is that limit's refusal, as a 429 would be: the rate loop measures
         the edge and holds below it, and from then on every error is a
         refusal, until enough of them come to cut for overload as before
-        (which starts the test again).
+        (which starts the test again). Random errors among them may come at
+        any rate: refusals while holding widen the margin below the edge
+        only up to ``_MAX_ERROR_MARGIN`` (a 429 limit's, up to half).
         """
         # An echo: sent while the server still counted the sends before the cut.
         echo = sent_at - self.cut_at < self.horizon
+        holding = self.phase in ("recover", "hold")
         if (
             not echo
             and feedback.status is not None
             and (self.errors_limit or (self.errors_clean and self.phase in ("start", "probe")))
+            and (not holding or self._hold_errors(sent_at))
         ):
-            if not self.errors_limit:
-                logger.debug("scope %s: errors only above the rate held: a rate limit", scope.name)
-            self.errors_limit = True
-            if not self._overloaded():
-                self._on_throttle(scope, sent_at, now, 0.0)
-                return
+            self.hold_cuts += holding
+            if self.hold_cuts > _HOLD_CUTS:
+                # Each cut below a lower edge left as large a share of
+                # errors: they come at any rate, not from a limit, whose
+                # edges were not. Search up again, counting them as random.
+                logger.debug("scope %s: errors below every edge: not a rate limit", scope.name)
+                self.errors_limit = False
+                self.edge, self.target = None, INF
+                self.phase, self.phase_at = "start", now
+            else:
+                if not self.errors_limit:
+                    logger.debug(
+                        "scope %s: errors only above the rate held: a rate limit", scope.name
+                    )
+                self.errors_limit = True
+                if not self._overloaded():
+                    self._on_throttle(scope, sent_at, now, 0.0)
+                    return
         if not echo:
             self.errors_clean = False
         if self._overloaded():
             self._cut_for_overload(scope, now)
+
+    def _hold_errors(self, sent_at: float) -> bool:
+        """Whether errors are a large enough share of the sends while holding to be a limit's."""
+        span = 2.0 * self.horizon
+        sent = self._measured(sent_at - span, sent_at, accepted=False)
+        accepted = self._measured(sent_at - span, sent_at, accepted=True)
+        return sent - accepted >= _HOLD_ERRORS * sent
 
     def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
         config = self.config
@@ -721,6 +759,7 @@ class AdaptiveState(SlotState):
         self.limit_growing = False
         self.outcomes = []
         self.errors_clean, self.errors_limit = True, False
+        self.hold_cuts = 0
         self.reason = (
             f"adaptive: overloaded, rate {self.rate:.3g}/s, concurrency {self.concurrency}"
         )
@@ -759,8 +798,32 @@ class AdaptiveState(SlotState):
                 self.phase, self.phase_at = "hold", now
             return
         if self.phase == "hold":
+            outcomes = self.outcomes
+            if self.edge is None and (
+                (self.errors_clean and self.ok_since_cut >= _CLEAN_PROOF)
+                or (
+                    elapsed >= self.hold_for
+                    and sum(outcomes) < self.config.overload_share * len(outcomes)
+                )
+            ):
+                # Held after a cut for overload, with no limit known, and the
+                # errors since (if any) a smaller share than cut: search upward
+                # as at the start (errors there count toward the overload
+                # share, or, after a clean hold, find a limit). Sends that were
+                # all accepted prove enough before the hold ends. A larger
+                # share probes up slowly, as after a limit.
+                self.phase, self.phase_at = "start", now
+                self.reason = f"adaptive: searching up from {target:.3g}/s after an overload"
+                logger.debug(
+                    "scope %s: %d accepted since the overload cut (%s): searching up",
+                    scope.name,
+                    self.ok_since_cut,
+                    "all" if self.errors_clean else "with errors",
+                )
+                return
             if elapsed >= self.hold_for:
                 self.phase, self.phase_at = "probe", now
+                self.hold_cuts = 0
                 self.margin = max(self.config.headroom, self.margin / 2.0)
                 self.reason = f"adaptive: probing above {target:.3g}/s"
             return
