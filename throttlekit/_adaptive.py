@@ -698,9 +698,11 @@ class AdaptiveState(SlotState):
         is that limit's refusal, as a 429 would be: the rate loop measures
         the edge and holds below it, and from then on every error is a
         refusal, until enough of them come to cut for overload as before
-        (which starts the test again). Random errors among them may come at
-        any rate: refusals while holding widen the margin below the edge
-        only up to ``_MAX_ERROR_MARGIN`` (a 429 limit's, up to half).
+        (which starts the test again). While holding below its edge, an error
+        is its refusal only if errors are a tenth of the sends or more (a
+        random one comes at any rate); when cuts below each lower edge leave
+        as large a share, they were random all along: the scope forgets the
+        edge and searches up again, counting them toward the overload share.
         """
         # An echo: sent while the server still counted the sends before the cut.
         echo = sent_at - self.cut_at < self.horizon
