@@ -16,6 +16,7 @@ from throttlekit import Adaptive, Feedback, Limiter, ScopePolicy, ScopeSnapshot
 from throttlekit._ledger import ScopeLedger
 from throttlekit.headers import RateLimitInfo, parse
 from throttlekit.testing import (
+    BucketServer,
     CapacityServer,
     CDNServer,
     FlakyServer,
@@ -460,6 +461,20 @@ def test_a_rate_limit_that_answers_503_is_held_below_like_a_429(
     # The first errors cut as overload; the sends after the cut, all
     # accepted, say it was not (90 % by 25 s when a 10 s hold had to pass).
     assert _time_to(trace, 0.9 * 10) + 5.0 <= 15.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_leaky_bucket_without_burst_is_held_at_its_interval(status: int, backend: str) -> None:
+    # nginx's limit_req with no burst refuses any request sooner than 1/rate
+    # after the last one: the second before a refusal holds a request less
+    # than the limit, so each search found one more (edges 6, 7, 8, 9, each
+    # taken for a confirmation that doubled the hold): 88 % at 120 s.
+    server = BucketServer(rate=10.0, status=status, latency=0.05, reject_latency=0.001)
+    trace = _run(server, 120.0, backend)
+    assert _ok_rate(trace, 60, 120) >= 0.94 * 10
+    sent = [r for r in trace.requests if r.sent is not None]
+    assert sum(1 for r in sent if r.status == status) / len(sent) < 0.02
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

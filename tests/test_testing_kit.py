@@ -26,6 +26,7 @@ import throttlekit.testing
 from throttlekit import BaseController, Feedback, Limiter, ScopePolicy, ScopeView
 from throttlekit.headers import parse
 from throttlekit.testing import (
+    BucketServer,
     CapacityServer,
     CDNServer,
     FixedServer,
@@ -494,6 +495,29 @@ def test_quota_server_fixed_and_sliding_windows() -> None:
     assert QuotaServer(limit=5, window=2.0).rate == 2.5
 
 
+def test_bucket_server_leaky_and_token_buckets() -> None:
+    # nginx's limit_req without burst: a request sooner than 1/rate after the
+    # last allowed one is refused, whatever the count over a second.
+    leaky = respond(BucketServer(rate=10.0, status=503), 0.0, 0.05, 0.1, 0.15, 0.2, 0.299, 0.3)
+    assert [r.status for r in leaky] == [200, 503, 200, 503, 200, 503, 200]
+    assert leaky[1].headers == {}
+    assert leaky[1].latency == 0.005
+    # A token bucket of 3 at 5/s: three at once, then one per 0.2 s.
+    bucket = BucketServer(rate=5.0, capacity=3, retry_after="reset")
+    token = respond(bucket, 0.0, 0.0, 0.0, 0.0, 0.1, 0.2, 0.2)
+    assert [r.status for r in token] == [200, 200, 200, 429, 429, 200, 429]
+    assert token[3].headers == {"Retry-After": "1"}
+    fixed = respond(BucketServer(rate=1.0, retry_after=7), 0.0, 0.5)
+    assert fixed[1].headers == {"Retry-After": "7"}
+    # Refusals take no token: the bucket refills through them.
+    assert [r.status for r in respond(BucketServer(rate=1.0), 0.0, 0.5, 0.9, 1.0)] == [
+        200,
+        429,
+        429,
+        200,
+    ]
+
+
 @pytest.mark.parametrize("family", ["ietf", "legacy", "x-ratelimit"])
 def test_quota_server_rate_limit_headers_parse(family: Any) -> None:
     server = QuotaServer(limit=3, window=10.0, rate_limit_headers=family, retry_after=None)
@@ -626,6 +650,12 @@ def test_sites_route_by_host() -> None:
 
 
 def test_server_models_validate_their_fields() -> None:
+    with pytest.raises(ValueError, match="rate"):
+        BucketServer(rate=0)
+    with pytest.raises(ValueError, match="capacity"):
+        BucketServer(capacity=0)
+    with pytest.raises(TypeError, match="retry_after"):
+        BucketServer(retry_after="soon")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="limit"):
         QuotaServer(limit=0)
     with pytest.raises(ValueError, match="error_rate"):

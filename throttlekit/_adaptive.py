@@ -83,8 +83,10 @@ class Adaptive:
       uses it) instead of bursting into an unknown quota. On a throttle (a
       429, or any response with ``Retry-After``) it measures the *edge*: how
       many requests the server accepted in the second before the refused
-      one. It pauses until the server's window has drained what was sent
-      above the edge, resumes just below it and holds ``headroom`` below it
+      one (for a probe's refusal, also up to the last accepted send: a
+      leaky bucket refuses a request that comes a little early). It pauses
+      until the server's window has drained what was sent above the edge,
+      resumes just below it and holds ``headroom`` below it
       for a while (longer each time the same edge is confirmed, and long
       enough that a probe's cost stays small), then probes upward, slowly at
       first; once the server accepts well past the old edge the limit rose
@@ -406,6 +408,39 @@ class AdaptiveState(SlotState):
         total = sum(entry[1] for entry in sends[first:last]) if accepted else last - first
         return (total + extra) / span
 
+    def _paced(self, sent_at: float) -> float:
+        """Acceptances per second in the horizon up to the last accepted send before ``sent_at``.
+
+        A probe climbs slowly, so the server refuses it just past its limit.
+        A window then holds the limit's count in the horizon before the
+        refused send; a leaky bucket (nginx's ``limit_req`` without burst)
+        refuses as soon as two sends come closer than its interval, when
+        that horizon holds a request less, but the one ending at the last
+        accepted send holds them all.
+        """
+        sends = self.sends
+        last = bisect.bisect_left(sends, [sent_at])
+        while last and not sends[last - 1][1]:
+            last -= 1
+        if not last:
+            return 0.0
+        end = sends[last - 1][0]
+        horizon = self.horizon
+        if end - 2 * horizon < self.resumed_at:
+            return 0.0
+        # Over two horizons too, in whole requests: a fixed window's turn can
+        # fall inside either.
+        return (
+            math.floor(
+                min(
+                    self._measured(end - horizon, end, accepted=True),
+                    self._measured(end - 2 * horizon, end, accepted=True),
+                )
+                * horizon
+            )
+            / horizon
+        )
+
     def _remember(self, overload: int) -> None:
         outcomes = self.outcomes
         outcomes.append(overload)
@@ -456,6 +491,8 @@ class AdaptiveState(SlotState):
             edge = min(
                 edge, self._measured(sent_at - 2 * horizon, sent_at, accepted=True, extra=flying)
             )
+        elif not slow and self.phase == "probe":
+            edge = max(edge, self._paced(sent_at))
         pause = 0.0
         self.cut_at = now
         self.ok_since_cut = 0
@@ -580,9 +617,12 @@ class AdaptiveState(SlotState):
         old = self.edge
         # The count varies by a request with how sends cross the second's
         # boundary on their way: within that (and 7 %) it confirms the edge,
-        # and the edge stays what the server has let through.
-        confirmed = old is not None and abs(edge - old) <= max(
-            0.07 * old, min(1.0 / self.horizon, 0.15 * old)
+        # and the edge stays what the server has let through. An edge that a
+        # search up found confirms none: the server had accepted past the old.
+        confirmed = (
+            old is not None
+            and phase != "start"
+            and abs(edge - old) <= max(0.07 * old, min(1.0 / self.horizon, 0.15 * old))
         )
         if confirmed:
             assert old is not None

@@ -28,6 +28,7 @@ from ._invariants import PolicyViolation, Violation, assert_respects, check_resp
 from ._loop import SimulationDeadlock, VirtualEventLoop
 from ._model import SimRequest, SimResponse, burst, poisson, steady
 from ._servers import (
+    BucketServer,
     CapacityServer,
     CDNServer,
     FixedServer,
@@ -43,6 +44,7 @@ from ._trace import Bucket, Outcome, RequestRecord, Sample, Trace
 
 __all__ = [
     "Bucket",
+    "BucketServer",
     "CDNServer",
     "CapacityServer",
     "FixedServer",

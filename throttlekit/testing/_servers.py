@@ -31,6 +31,7 @@ from .._checks import (
 from ._model import SimRequest, SimResponse, fraction
 
 __all__ = [
+    "BucketServer",
     "CDNServer",
     "CapacityServer",
     "FixedServer",
@@ -113,6 +114,14 @@ def _changes(instance: object, attribute: attrs.Attribute[Any], value: object) -
 def _size(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{attribute.name} must be an int >= 0 (bytes), got {value!r}")
+
+
+def _check_retry_after(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None or value == "reset":
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{attribute.name} must be 'reset', a number or None, got {value!r}")
+    non_negative(instance, attribute, value)
 
 
 @attrs.frozen(kw_only=True)
@@ -284,11 +293,7 @@ class QuotaServer:
 
     @retry_after.validator
     def _check_retry_after(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is None or value == "reset":
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"retry_after must be 'reset', a number or None, got {value!r}")
-        non_negative(self, attribute, value)
+        _check_retry_after(self, attribute, value)
 
     @reset_format.validator
     def _check_reset_format(self, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -385,6 +390,69 @@ class QuotaServer:
             elif self.retry_after is not None:
                 extra["Retry-After"] = f"{self.retry_after:g}"
             return SimResponse(status=self.status, latency=self.reject_latency, headers=extra)
+
+        return respond
+
+
+@attrs.frozen(kw_only=True)
+class BucketServer:
+    """An API that keeps its rate limit as a bucket: ``rate`` per second, ``capacity`` at once.
+
+    A token bucket that holds ``capacity`` tokens, full at the start and
+    refilled at ``rate`` per second; each allowed request takes one, and a
+    request that finds less than one is refused. This is also nginx's
+    ``limit_req`` (a leaky bucket, ``nodelay``): its ``burst=N`` is a
+    capacity of ``N + 1``, and its default (no burst, ``capacity=1``)
+    refuses any request that comes sooner than ``1 / rate`` seconds after
+    the last one allowed, whatever the count over a second.
+
+    Refused requests get ``status`` (429; nginx answers 503 by default)
+    after ``reject_latency``, with a ``Retry-After`` header: ``"reset"``
+    gives the whole seconds until a token is back (rounded up), a number
+    gives that number every time, ``None`` (the default, as nginx) sends none.
+
+    :param rate: tokens refilled per second (> 0).
+    :param capacity: the most tokens the bucket holds (an int >= 1).
+    :param latency: seconds an allowed request takes.
+    :param reject_latency: seconds a refusal takes.
+    :param retry_after: ``"reset"``, a fixed number of seconds, or ``None``.
+    :param status: the status of refusals.
+    :param size: the body size of allowed responses in bytes.
+
+    Usage::
+
+        BucketServer(rate=10.0, status=503)  # nginx: limit_req rate=10r/s, no burst
+        BucketServer(rate=5.0, capacity=20, retry_after=1)  # a token bucket of 20
+    """
+
+    rate: float = attrs.field(default=10.0, validator=positive)
+    capacity: int = attrs.field(default=1, validator=_count)
+    latency: float = attrs.field(default=0.05, validator=non_negative)
+    reject_latency: float = attrs.field(default=0.005, validator=non_negative)
+    retry_after: float | Literal["reset"] | None = attrs.field(default=None)
+    status: int = attrs.field(default=429, validator=_status)
+    size: int = attrs.field(default=10_000, validator=_size)
+
+    @retry_after.validator
+    def _check_retry_after(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        _check_retry_after(self, attribute, value)
+
+    def start(self, rng: random.Random) -> Responder:
+        state = {"tokens": float(self.capacity), "at": 0.0}
+
+        def respond(request: SimRequest, now: float) -> SimResponse:
+            tokens = min(self.capacity, state["tokens"] + (now - state["at"]) * self.rate)
+            state["at"] = now
+            if tokens >= 1.0 - 1e-9:
+                state["tokens"] = max(0.0, tokens - 1.0)
+                return SimResponse(status=200, latency=self.latency, size=self.size)
+            state["tokens"] = tokens
+            headers = {}
+            if self.retry_after == "reset":
+                headers["Retry-After"] = str(max(1, math.ceil((1.0 - tokens) / self.rate - 1e-9)))
+            elif self.retry_after is not None:
+                headers["Retry-After"] = f"{self.retry_after:g}"
+            return SimResponse(status=self.status, latency=self.reject_latency, headers=headers)
 
         return respond
 
