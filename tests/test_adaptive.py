@@ -478,6 +478,19 @@ def test_a_leaky_bucket_without_burst_is_held_at_its_interval(status: int, backe
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_token_buckets_stored_burst_confirms_the_edge_it_left(backend: str) -> None:
+    # 8/s with 40 stored: held just below 8/s the bucket refills, a probe
+    # drains it and reads as a rise, and the search up ends back at 8/s.
+    # That edge was taken as new each time (a 10 s hold, 3.6 % refused over
+    # the second half); it confirms the edge from before the rise.
+    server = BucketServer(rate=8.0, capacity=40, latency=0.05, reject_latency=0.001)
+    trace = _run(server, 120.0, backend)
+    assert _ok_rate(trace, 60, 120) >= 0.95 * 8
+    late = [r for r in trace.requests if r.sent is not None and r.sent >= 60]
+    assert sum(1 for r in late if r.status == 429) / len(late) < 0.03
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", range(4))
 def test_random_errors_taken_for_a_limit_are_found_out(seed: int, backend: str) -> None:
     # One random error in ten, in front of 50/s: an early burst of them can

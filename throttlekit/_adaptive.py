@@ -90,7 +90,9 @@ class Adaptive:
       for a while (longer each time the same edge is confirmed, and long
       enough that a probe's cost stays small), then probes upward, slowly at
       first; once the server accepts well past the old edge the limit rose
-      and it searches upward as at the start. A refusal while holding means
+      and it searches upward as at the start (if that search ends back at
+      the old edge, the server had stored a burst, as a token bucket does,
+      and the old edge is confirmed). A refusal while holding means
       the limit dropped (the edge is measured again at once, and for the
       next ``max_hold`` seconds it probes every ``hold`` seconds, as a limit
       that moved may move back), or, if the
@@ -220,6 +222,8 @@ class AdaptiveState(SlotState):
         "refine_wait",
         "refusals",
         "resumed_at",
+        "risen_from",
+        "risen_hold",
         "round",
         "round_at",
         "round_busy",
@@ -250,6 +254,10 @@ class AdaptiveState(SlotState):
         self.margin = config.headroom  # how far below the edge the target is
         self.hold_for = config.hold
         self.moved_at = -INF  # when the limit last dropped
+        # The edge and hold before the limit last seemed to rise, until the
+        # search up that followed has found where it is now.
+        self.risen_from: float | None = None
+        self.risen_hold = 0.0
         self.horizon = _EDGE_HORIZON  # the server's window, as far as it has shown it
         self.cut_at = -INF  # requests sent before this are part of the last cut
         self.ok_since_cut = 0
@@ -619,15 +627,20 @@ class AdaptiveState(SlotState):
         # boundary on their way: within that (and 7 %) it confirms the edge,
         # and the edge stays what the server has let through. An edge that a
         # search up found confirms none: the server had accepted past the old.
-        confirmed = (
-            old is not None
-            and phase != "start"
-            and abs(edge - old) <= max(0.07 * old, min(1.0 / self.horizon, 0.15 * old))
-        )
+        confirmed = old is not None and phase != "start" and self._near(edge, old)
+        risen, hold_for = self.risen_from, self.hold_for
+        stored = False
+        if phase != "start":
+            self.risen_from = None
+            if not confirmed and risen is not None and self._near(edge, risen):
+                # Back at the edge from before the rise: the server had only
+                # stored a burst (a token bucket refills while the rate is
+                # held below it), and the old edge is confirmed.
+                old, hold_for, confirmed, stored = risen, self.risen_hold, True, True
         if confirmed:
             assert old is not None
             edge = max(edge, old)
-        if confirmed and phase in ("recover", "hold"):
+        if confirmed and not stored and phase in ("recover", "hold"):
             # Refused while holding below an edge that has not moved: the
             # sends reach the server less evenly than they leave (a busy
             # client or network). Hold further below; it narrows again per
@@ -642,7 +655,7 @@ class AdaptiveState(SlotState):
         else:
             # Longer per confirmation of the same edge, and long enough
             # that a probe's cost (one server-imposed wait) stays small.
-            hold = min(config.max_hold, self.hold_for * 2) if confirmed else config.hold
+            hold = min(config.max_hold, hold_for * 2) if confirmed else config.hold
             hold = max(hold, wait / _PROBE_COST)
         # No shorter than the server's window: a probe before the window has
         # let go of the last one's sends would be judged by them.
@@ -666,6 +679,10 @@ class AdaptiveState(SlotState):
             self.rate,
             self.hold_for,
         )
+
+    def _near(self, edge: float, old: float) -> bool:
+        """Whether ``edge`` confirms ``old``: within a request over the horizon (and 7 %)."""
+        return abs(edge - old) <= max(0.07 * old, min(1.0 / self.horizon, 0.15 * old))
 
     def _refine(self, scope: ScopeView, now: float) -> None:
         """Count the edge of the last throttle, now that what was in flight then has answered."""
@@ -877,6 +894,7 @@ class AdaptiveState(SlotState):
             # The server accepts well past the old edge (by five requests
             # or more): the limit rose. Search upward as at the start.
             self.phase, self.phase_at = "start", now
+            self.risen_from, self.risen_hold = edge, self.hold_for
             self.reason = f"adaptive: the limit rose past {edge:.3g}/s, up to {self.rate:.3g}/s"
             logger.debug("scope %s: accepted past the edge %.3f/s: searching up", scope.name, edge)
             return
