@@ -211,6 +211,7 @@ def test_simulate_arrival_rate_several_sites_and_autothrottle(
         (["--server", "quota2"], "unknown server model 'quota2' (did you mean 'quota'?)"),
         (["--server", "quota:limt=5"], "server 'quota' has no parameter 'limt'"),
         (["--server", "quota:limit=0"], "server 'quota': limit must be an int >= 1"),
+        (["--server", "bucket:capacity=0"], "server 'bucket': capacity must be an int >= 1"),
         (["--set", "DOWNLOAD_DELY=1"], "unknown setting 'DOWNLOAD_DELY' (did you mean"),
         (["--set", "DOWNLOAD_DELAY=-1"], "delay must be a finite number >= 0"),
         (["--set", "nothing"], "--set expects KEY=VALUE"),

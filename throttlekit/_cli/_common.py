@@ -15,6 +15,7 @@ from rich.console import Console
 from .._limiter import Limiter
 from .._settings import DEFAULT_SETTINGS
 from ..testing import (
+    BucketServer,
     CapacityServer,
     CDNServer,
     FixedServer,
@@ -56,6 +57,7 @@ SERVER_MODELS: dict[str, type[Any]] = {
     "fixed": FixedServer,
     "capacity": CapacityServer,
     "quota": QuotaServer,
+    "bucket": BucketServer,
     "cdn": CDNServer,
     "soft-block": SoftBlockServer,
     "flaky": FlakyServer,
