@@ -332,12 +332,12 @@ SCRAPY_CEILING: dict[str, Any] = {
     "DOWNLOAD_DELAY": 0,
 }
 #: throttlekit's middleware in place of Scrapy's throttling, with the same
-#: ceiling as the httpx client's policy (``DOWNLOAD_DELAY_PER_SLOT = 0``,
-#: no jitter: ``ScopePolicy``'s defaults).
+#: ceiling as the httpx client's policy (``DOWNLOAD_DELAY_PER_SLOT = 0``)
+#: and Scrapy's default jitter (``RANDOMIZE_DOWNLOAD_DELAY``), as Scrapy's
+#: own AutoThrottle client runs.
 MIDDLEWARE: dict[str, Any] = {
     **SCRAPY_CEILING,
     "DOWNLOAD_DELAY_PER_SLOT": 0,
-    "RANDOMIZE_DOWNLOAD_DELAY": False,
     "DOWNLOADER_MIDDLEWARES": {"throttlekit.adapters.scrapy.ThrottlingMiddleware": 950},
     # The extension would only adjust the slot delays the middleware neutralises.
     "EXTENSIONS": {"scrapy.extensions.throttle.AutoThrottle": None},
