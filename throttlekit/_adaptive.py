@@ -906,8 +906,9 @@ class AdaptiveState(SlotState):
         span = max(2.0, self.horizon)  # a long window accepts a burst until it fills
         accepted = self._measured(now - span, now, accepted=True)
         if edge is not None and accepted > 1.1 * edge and accepted * span >= 5:
-            # The server accepts well past the old edge (by five requests
-            # or more): the limit rose. Search upward as at the start.
+            # The server accepts well past the old edge (a tenth more, and
+            # five requests or more over the span): the limit rose. Search
+            # upward as at the start.
             self.phase, self.phase_at = "start", now
             self.risen_from, self.risen_hold = edge, self.hold_for
             self.reason = f"adaptive: the limit rose past {edge:.3g}/s, up to {self.rate:.3g}/s"
