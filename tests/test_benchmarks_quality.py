@@ -16,6 +16,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import anyio
+import attrs
 import httpx
 import pytest
 
@@ -216,7 +217,11 @@ def test_the_long_window_runs_five_windows_with_every_client_at_once(tmp_path: P
 
 
 def test_clients_share_one_ceiling() -> None:
-    """The httpx and Scrapy clients of a configuration build the same ScopePolicy."""
+    """The httpx and Scrapy clients of a configuration build the same ScopePolicy.
+
+    But for Scrapy's default jitter (``RANDOMIZE_DOWNLOAD_DELAY``), which the
+    Scrapy clients keep, as Scrapy's own AutoThrottle client does.
+    """
     scrapy_settings = pytest.importorskip("scrapy.settings")
     from throttlekit.adapters.scrapy import limiter_from_settings
 
@@ -227,7 +232,7 @@ def test_clients_share_one_ceiling() -> None:
         if family == "adaptive" and not adaptive_available():
             continue
         httpx_client, scrapy_client = (client for client in CLIENTS if client.family == family)
-        expected = policy_from_plan(httpx_client.policy)
+        expected = attrs.evolve(policy_from_plan(httpx_client.policy), jitter=0.5)
         settings = scrapy_settings.Settings(scrapy_client.settings)
         limiter = limiter_from_settings(settings)
         assert limiter.policy("127.0.0.1:8000") == expected, family
