@@ -124,6 +124,14 @@ def _check_retry_after(instance: object, attribute: attrs.Attribute[Any], value:
     non_negative(instance, attribute, value)
 
 
+def _add_retry_after(headers: dict[str, str], setting: object, wait: float) -> None:
+    """A refusal's ``Retry-After`` for a model's ``retry_after`` setting, ``wait`` s from now."""
+    if setting == "reset":
+        headers["Retry-After"] = str(max(1, math.ceil(wait - 1e-9)))
+    elif setting is not None:
+        headers["Retry-After"] = f"{setting:g}"
+
+
 @attrs.frozen(kw_only=True)
 class FixedServer:
     """Always the same answer after the same latency, whatever the load.
@@ -275,7 +283,9 @@ class QuotaServer:
     count_rejected: bool = False
     latency: float = attrs.field(default=0.05, validator=non_negative)
     reject_latency: float = attrs.field(default=0.005, validator=non_negative)
-    retry_after: float | Literal["reset"] | None = attrs.field(default="reset")
+    retry_after: float | Literal["reset"] | None = attrs.field(
+        default="reset", validator=_check_retry_after
+    )
     rate_limit_headers: RateLimitHeaders | None = attrs.field(
         default=None,
         validator=attrs.validators.optional(
@@ -290,10 +300,6 @@ class QuotaServer:
     )
     status: int = attrs.field(default=429, validator=_status)
     size: int = attrs.field(default=10_000, validator=_size)
-
-    @retry_after.validator
-    def _check_retry_after(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        _check_retry_after(self, attribute, value)
 
     @reset_format.validator
     def _check_reset_format(self, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -385,10 +391,7 @@ class QuotaServer:
             if self.count_rejected:
                 count(now)
             extra = headers(limit, 0, reset)
-            if self.retry_after == "reset":
-                extra["Retry-After"] = str(max(1, math.ceil(reset - 1e-9)))
-            elif self.retry_after is not None:
-                extra["Retry-After"] = f"{self.retry_after:g}"
+            _add_retry_after(extra, self.retry_after, reset)
             return SimResponse(status=self.status, latency=self.reject_latency, headers=extra)
 
         return respond
@@ -429,13 +432,11 @@ class BucketServer:
     capacity: int = attrs.field(default=1, validator=_count)
     latency: float = attrs.field(default=0.05, validator=non_negative)
     reject_latency: float = attrs.field(default=0.005, validator=non_negative)
-    retry_after: float | Literal["reset"] | None = attrs.field(default=None)
+    retry_after: float | Literal["reset"] | None = attrs.field(
+        default=None, validator=_check_retry_after
+    )
     status: int = attrs.field(default=429, validator=_status)
     size: int = attrs.field(default=10_000, validator=_size)
-
-    @retry_after.validator
-    def _check_retry_after(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        _check_retry_after(self, attribute, value)
 
     def start(self, rng: random.Random) -> Responder:
         state = {"tokens": float(self.capacity), "at": 0.0}
@@ -447,11 +448,8 @@ class BucketServer:
                 state["tokens"] = max(0.0, tokens - 1.0)
                 return SimResponse(status=200, latency=self.latency, size=self.size)
             state["tokens"] = tokens
-            headers = {}
-            if self.retry_after == "reset":
-                headers["Retry-After"] = str(max(1, math.ceil((1.0 - tokens) / self.rate - 1e-9)))
-            elif self.retry_after is not None:
-                headers["Retry-After"] = f"{self.retry_after:g}"
+            headers: dict[str, str] = {}
+            _add_retry_after(headers, self.retry_after, (1.0 - tokens) / self.rate)
             return SimResponse(status=self.status, latency=self.reject_latency, headers=headers)
 
         return respond
