@@ -59,6 +59,19 @@ def _time_to(trace: Trace, rate: float, *, span: float = 5.0) -> float:
     return math.inf
 
 
+def _random_503s(error_rate: float, origin: ServerModel, **extra: Any) -> FlakyServer:
+    """``origin`` behind random 503s (``error_rate`` of requests), nothing else failing."""
+    return FlakyServer(
+        latency=0.05,
+        error_rate=error_rate,
+        error_statuses=(503,),
+        timeout_rate=0.0,
+        reset_rate=0.0,
+        origin=origin,
+        **extra,
+    )
+
+
 def _run(
     server: ServerModel, duration: float, backend: str, policy: ScopePolicy = CEILING
 ) -> Trace:
@@ -427,14 +440,7 @@ def test_a_server_that_never_limits_is_used_up_to_the_ceiling(backend: str) -> N
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_errors_cost_little(backend: str) -> None:
     def site(error_rate: float) -> FlakyServer:
-        return FlakyServer(
-            latency=0.05,
-            error_rate=error_rate,
-            error_statuses=(503,),
-            timeout_rate=0.0,
-            reset_rate=0.0,
-            origin=CapacityServer(workers=4, service_time=0.05),
-        )
+        return _random_503s(error_rate, CapacityServer(workers=4, service_time=0.05))
 
     policy = attrs.evolve(CEILING, concurrency=8)
     clean = _run(site(0.0), 30.0, backend, policy)
@@ -510,14 +516,10 @@ def test_random_errors_taken_for_a_limit_are_found_out(seed: int, backend: str) 
     # every error cut a lower edge (down to 2/s, seed 1). Errors that go on
     # below each edge are random: the scope searches up again.
     def site(error_rate: float) -> FlakyServer:
-        return FlakyServer(
-            latency=0.05,
-            error_rate=error_rate,
-            error_statuses=(503,),
+        return _random_503s(
+            error_rate,
+            CapacityServer(workers=5, service_time=0.1, exponential=True),
             error_latency=0.001,
-            timeout_rate=0.0,
-            reset_rate=0.0,
-            origin=CapacityServer(workers=5, service_time=0.1, exponential=True),
         )
 
     def second_half(error_rate: float) -> float:
