@@ -92,10 +92,13 @@ class Adaptive:
       resumes just below it and holds ``headroom`` below it
       for a while (longer each time the same edge is confirmed, and long
       enough that a probe's cost stays small), then probes upward, slowly at
-      first; once the server accepts well past the old edge the limit rose
-      and it searches upward as at the start (if that search ends back at
-      the old edge, the server had stored a burst, as a token bucket does,
-      and the old edge is confirmed). A refusal while holding means
+      first; once the server accepts well past the old edge (by the pace
+      of the acceptances, which at a few per second is finer than their
+      count) the limit rose and it searches upward as at the start. If that
+      search is refused at once (a leaky bucket refuses the first early
+      send), it climbs on from what the probe proved; if that search or
+      climb ends back at the old edge, the server had stored a burst, as a
+      token bucket does, and the old edge is confirmed. A refusal while holding means
       the limit dropped (the edge is measured again at once, and for the
       next ``max_hold`` seconds it probes every ``hold`` seconds, as a limit
       that moved may move back), or, if the
@@ -229,6 +232,7 @@ class AdaptiveState(SlotState):
         "resumed_at",
         "risen_from",
         "risen_hold",
+        "risen_to",
         "round",
         "round_at",
         "round_busy",
@@ -250,7 +254,7 @@ class AdaptiveState(SlotState):
     def __init__(self, config: Adaptive, policy: ScopePolicy) -> None:
         self.config = config
         self.rate = config.start_rate  # requests per second (inf = no opinion)
-        self.phase = "start"  # start, recover, hold, probe; measure; stated; capped
+        self.phase = "start"  # start, recover, hold, probe, climb; measure; stated; capped
         self.phase_at: float | None = None
         self.edge: float | None = None  # the last measured accepted rate at a throttle
         self.edge_held = False  # whether a second refusal confirmed it
@@ -258,10 +262,12 @@ class AdaptiveState(SlotState):
         self.margin = config.headroom  # how far below the edge the target is
         self.hold_for = config.hold
         self.moved_at = -INF  # when the limit last dropped
-        # The edge and hold before the limit last seemed to rise, until the
-        # search up that followed has found where it is now.
+        # The edge and hold before the limit last seemed to rise, and the
+        # rate the probe then proved, until the search up that followed has
+        # found where it is now.
         self.risen_from: float | None = None
         self.risen_hold = 0.0
+        self.risen_to = 0.0
         self.horizon = _EDGE_HORIZON  # the server's window, as far as it has shown it
         self.cut_at = -INF  # requests sent before this are part of the last cut
         self.ok_since_cut = 0
@@ -464,6 +470,26 @@ class AdaptiveState(SlotState):
             / horizon
         )
 
+    def _proven(self, start: float, end: float) -> float:
+        """Acceptances per second from ``start`` to ``end``, no more than their pace.
+
+        ``n`` evenly spaced acceptances span ``n - 1`` intervals, so their
+        count over a span reads up to one more than their pace: at a few per
+        second a tenth more. The pace alone would read a burst as a rate.
+        """
+        sends = self.sends
+        accepted = [
+            entry[0]
+            for entry in sends[
+                bisect.bisect_right(sends, [start, INF]) : bisect.bisect_right(sends, [end, INF])
+            ]
+            if entry[1]
+        ]
+        count = self._measured(start, end, accepted=True)
+        if len(accepted) < 3:
+            return count
+        return min(count, (len(accepted) - 1) / (accepted[-1] - accepted[0]))
+
     def _remember(self, overload: int) -> None:
         outcomes = self.outcomes
         outcomes.append(overload)
@@ -514,7 +540,7 @@ class AdaptiveState(SlotState):
             edge = min(
                 edge, self._measured(sent_at - 2 * horizon, sent_at, accepted=True, extra=flying)
             )
-        elif not slow and self.phase == "probe":
+        elif not slow and self.phase in ("probe", "climb"):
             edge = max(edge, self._paced(sent_at))
         pause = 0.0
         self.cut_at = now
@@ -638,20 +664,47 @@ class AdaptiveState(SlotState):
         """A throttle in ``phase`` measured the server's ``edge``: hold below it, so long."""
         config = self.config
         old = self.edge
+        risen, proved, hold_for = self.risen_from, self.risen_to, self.hold_for
+        if phase == "start" and risen is not None and (edge <= proved or self._near(edge, proved)):
+            # The search up after a rise doubles the rate, and a leaky
+            # bucket (nginx's ``limit_req`` without burst) refuses its first
+            # early send, when the second before it holds the old pace: it
+            # measured no more than the probe had proved (within a request).
+            # The limit lies above that: climb on from there as a probe
+            # does, its refusal still a search's.
+            self.edge = proved
+            self.target = proved * (1.0 - self.margin)
+            self._pause_for_excess(sent, proved, now, pause)
+            self.rate = self.target
+            self.phase, self.phase_at = "climb", max(now, self.blocked_until)
+            self.reason = f"adaptive: throttled at {sent:.3g}/s, climbing from {self.target:.3g}/s"
+            logger.debug(
+                "scope %s: throttled at %.3f/s searching up, about the %.3f/s proved: climbing",
+                scope.name,
+                sent,
+                proved,
+            )
+            return
         # The count varies by a request with how sends cross the second's
         # boundary on their way: within that (and 7 %) it confirms the edge,
         # and the edge stays what the server has let through. An edge that a
         # search up found confirms none: the server had accepted past the old.
-        confirmed = old is not None and phase != "start" and self._near(edge, old)
-        risen, hold_for = self.risen_from, self.hold_for
-        stored = False
-        if phase != "start":
+        if phase == "climb" and risen is not None and self.rate <= proved:
+            # Refused climbing no faster than the probe had gone: what it
+            # proved was a burst the server had stored (a token bucket
+            # refills while the rate is held below it): back at the old edge.
+            edge, phase = risen, "probe"
+        confirmed = stored = False
+        if phase not in ("start", "climb"):
             self.risen_from = None
-            if not confirmed and risen is not None and self._near(edge, risen):
+            if risen is not None and self._near(edge, risen):
                 # Back at the edge from before the rise: the server had only
                 # stored a burst (a token bucket refills while the rate is
-                # held below it), and the old edge is confirmed.
+                # held below it, and a probe drains it), and the old edge is
+                # confirmed.
                 old, hold_for, confirmed, stored = risen, self.risen_hold, True, True
+            else:
+                confirmed = old is not None and self._near(edge, old)
         if confirmed:
             assert old is not None
             edge = max(edge, old)
@@ -782,7 +835,10 @@ class AdaptiveState(SlotState):
         if (
             not echo
             and feedback.status is not None
-            and (self.errors_limit or (self.errors_clean and self.phase in ("start", "probe")))
+            and (
+                self.errors_limit
+                or (self.errors_clean and self.phase in ("start", "probe", "climb"))
+            )
             and (not holding or self._hold_errors(sent_at))
         ):
             self.hold_cuts += holding
@@ -904,13 +960,14 @@ class AdaptiveState(SlotState):
         # probe: slow near the known edge, faster away from it (a convex climb)
         edge = self.edge
         span = max(2.0, self.horizon)  # a long window accepts a burst until it fills
-        accepted = self._measured(now - span, now, accepted=True)
+        accepted = self._proven(now - span, now)
         if edge is not None and accepted > 1.1 * edge and accepted * span >= 5:
             # The server accepts well past the old edge (a tenth more, and
             # five requests or more over the span): the limit rose. Search
             # upward as at the start.
             self.phase, self.phase_at = "start", now
             self.risen_from, self.risen_hold = edge, self.hold_for
+            self.risen_to = accepted
             self.reason = f"adaptive: the limit rose past {edge:.3g}/s, up to {self.rate:.3g}/s"
             logger.debug("scope %s: accepted past the edge %.3f/s: searching up", scope.name, edge)
             return
