@@ -470,12 +470,13 @@ class AdaptiveState(SlotState):
             / horizon
         )
 
-    def _proven(self, start: float, end: float) -> float:
-        """Acceptances per second from ``start`` to ``end``, no more than their pace.
+    def _pace(self, start: float, end: float) -> float:
+        """The pace of the acceptances sent after ``start`` up to ``end`` (0 for fewer than 3).
 
         ``n`` evenly spaced acceptances span ``n - 1`` intervals, so their
-        count over a span reads up to one more than their pace: at a few per
-        second a tenth more. The pace alone would read a burst as a rate.
+        count over a span reads up to one more than their pace, and up to
+        one less when the span ends just before the next: at a few per
+        second, a tenth either way.
         """
         sends = self.sends
         accepted = [
@@ -485,10 +486,18 @@ class AdaptiveState(SlotState):
             ]
             if entry[1]
         ]
-        count = self._measured(start, end, accepted=True)
         if len(accepted) < 3:
-            return count
-        return min(count, (len(accepted) - 1) / (accepted[-1] - accepted[0]))
+            return 0.0
+        return (len(accepted) - 1) / (accepted[-1] - accepted[0])
+
+    def _proven(self, start: float, end: float) -> float:
+        """Acceptances per second from ``start`` to ``end``, no more than their pace.
+
+        The pace alone would read a burst as a rate.
+        """
+        count = self._measured(start, end, accepted=True)
+        pace = self._pace(start, end)
+        return min(count, pace) if pace else count
 
     def _remember(self, overload: int) -> None:
         outcomes = self.outcomes
@@ -540,8 +549,12 @@ class AdaptiveState(SlotState):
             edge = min(
                 edge, self._measured(sent_at - 2 * horizon, sent_at, accepted=True, extra=flying)
             )
-        elif not slow and self.phase in ("probe", "climb"):
+        elif not slow and self.phase == "probe":
             edge = max(edge, self._paced(sent_at))
+        elif not slow and self.phase == "climb":
+            # Climbing evenly after a search was refused at once (a leaky
+            # bucket's sign): the pace it was accepted at is the finer count.
+            edge = max(edge, self._paced(sent_at), self._pace(sent_at - horizon, sent_at))
         pause = 0.0
         self.cut_at = now
         self.ok_since_cut = 0
