@@ -487,8 +487,9 @@ def test_a_leaky_bucket_without_burst_is_held_at_its_interval(
     sent = [r for r in trace.requests if r.sent is not None]
     late = [r for r in sent if r.sent >= 60]
     assert sum(1 for r in late if r.status == status) / len(late) < 0.02
-    # (the first errors of a 503 limit cut as overload: 2.7 % over the run at 5/s)
-    assert sum(1 for r in sent if r.status == status) / len(sent) < 0.03
+    # The first errors of a 503 limit cut as overload: at 5/s they are 2.7 %
+    # of the run's requests.
+    assert sum(1 for r in sent if r.status == status) / len(sent) < (0.02 if rate >= 10 else 0.03)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
