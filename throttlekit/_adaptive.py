@@ -490,15 +490,6 @@ class AdaptiveState(SlotState):
             return 0.0
         return (len(accepted) - 1) / (accepted[-1] - accepted[0])
 
-    def _proven(self, start: float, end: float) -> float:
-        """Acceptances per second from ``start`` to ``end``, no more than their pace.
-
-        The pace alone would read a burst as a rate.
-        """
-        count = self._measured(start, end, accepted=True)
-        pace = self._pace(start, end)
-        return min(count, pace) if pace else count
-
     def _remember(self, overload: int) -> None:
         outcomes = self.outcomes
         outcomes.append(overload)
@@ -973,7 +964,12 @@ class AdaptiveState(SlotState):
         # probe: slow near the known edge, faster away from it (a convex climb)
         edge = self.edge
         span = max(2.0, self.horizon)  # a long window accepts a burst until it fills
-        accepted = self._proven(now - span, now)
+        accepted = self._measured(now - span, now, accepted=True)
+        if edge is not None and accepted > 1.1 * edge:
+            # No more than their pace, which at a few per second is the finer
+            # count (the pace alone would read a burst as a rate). Looked at
+            # only when the count passes: it is never above it.
+            accepted = min(accepted, self._pace(now - span, now) or accepted)
         if edge is not None and accepted > 1.1 * edge and accepted * span >= 5:
             # The server accepts well past the old edge (a tenth more, and
             # five requests or more over the span): the limit rose. Search
