@@ -52,6 +52,12 @@ _MAX_MARGIN = 0.5
 #: share of errors among the sends of the last two horizons above which they
 #: are its refusals (the edge is lower than measured), not random ones.
 _HOLD_ERRORS = 0.1
+#: Fewer errors widen the margin up to this (what random errors may cost
+#: while they look like a limit's refusals), when three or more come within
+#: ``_WIDEN_SPAN`` seconds and make ``_WIDEN_SHARE`` of the sends or more.
+_ERROR_MARGIN = 0.08
+_WIDEN_SPAN = 10.0
+_WIDEN_SHARE = 0.02
 #: Cuts for such errors while holding, in a row, after which they are taken
 #: for random ones (a cut below a limit's edge stops its refusals).
 _HOLD_CUTS = 2
@@ -133,7 +139,12 @@ class Adaptive:
     they come back once the rate climbs past it, they are a rate limit's
     refusals (nginx's ``limit_req`` answers 503 by default), treated as
     429s from then on, until cutting below each edge they measure leaves as
-    many (random errors, then: the search starts over).
+    many (random errors, then: the search starts over). While holding, such
+    errors count as refusals only at a tenth of the sends; fewer (three or
+    more within 10 s, at least 2 % of the sends) widen the margin as a 429
+    would, up to 8 % (or a request's worth at a few per second), unless
+    held lower they come as often (random ones, which then widen it no more
+    until a new edge).
 
     The policy is the ceiling: the scope's delay is the larger of the
     policy's and Adaptive's, its concurrency the smaller. ``Retry-After`` and
@@ -245,6 +256,10 @@ class AdaptiveState(SlotState):
         "run_ok",
         "sends",
         "target",
+        "widen_errors",
+        "widen_from",
+        "widen_off",
+        "widen_share",
     )
 
     STATE = tuple(name for name in __slots__ if name != "config")
@@ -260,6 +275,13 @@ class AdaptiveState(SlotState):
         self.edge_held = False  # whether a second refusal confirmed it
         self.target = INF  # the rate held below the edge
         self.margin = config.headroom  # how far below the edge the target is
+        # Errors while holding too few to cut on, counted since widen_from;
+        # their share when they last widened the margin; whether held lower
+        # they came as often (random ones: they widen it no more).
+        self.widen_errors = 0
+        self.widen_from = -INF
+        self.widen_off = False
+        self.widen_share = 0.0
         self.hold_for = config.hold
         self.moved_at = -INF  # when the limit last dropped
         # The edge and hold before the limit last seemed to rise, and the
@@ -733,6 +755,8 @@ class AdaptiveState(SlotState):
         # let go of the last one's sends would be judged by them.
         self.hold_for = min(config.max_hold, max(hold, self.horizon))
         self.edge, self.edge_held = edge, confirmed
+        if not confirmed:
+            self.widen_off, self.widen_share = False, 0.0
         self.target = edge * (1.0 - self.margin)
         self._pause_for_excess(sent, edge, now, pause)
         # A confirmed edge is known: resume at the target; a new one from below it.
@@ -836,15 +860,17 @@ class AdaptiveState(SlotState):
         # An echo: sent while the server still counted the sends before the cut.
         echo = sent_at - self.cut_at < self.horizon
         holding = self.phase in ("recover", "hold")
-        if (
+        limit = (
             not echo
             and feedback.status is not None
             and (
                 self.errors_limit
                 or (self.errors_clean and self.phase in ("start", "probe", "climb"))
             )
-            and (not holding or self._hold_errors(sent_at))
-        ):
+        )
+        if limit and holding and not self._hold_errors(sent_at):
+            self._widen(scope, now)
+        elif limit:
             self.hold_cuts += holding
             if self.hold_cuts > _HOLD_CUTS:
                 # Each cut below a lower edge left as large a share of
@@ -867,6 +893,37 @@ class AdaptiveState(SlotState):
             self.errors_clean = False
         if self._overloaded():
             self._cut_for_overload(scope, now)
+
+    def _widen(self, scope: ScopeView, now: float) -> None:
+        """An error while holding, too few of them to tell a refusal from a random one.
+
+        A 429 there would widen the margin (the edge may have read a stored
+        burst, a request high), and so do these when a few come close
+        together, up to :data:`_ERROR_MARGIN` (or the edge's precision, a
+        request over the horizon, at a few per second). Once held lower, a
+        limit's refusals thin out, random errors come as often: then the
+        margin is the headroom again and they widen it no more, until a new
+        edge.
+        """
+        if self.widen_off or self.edge is None:
+            return
+        if now - self.widen_from > _WIDEN_SPAN:
+            self.widen_errors, self.widen_from = 0, now
+        self.widen_errors += 1
+        share = self.widen_errors / max(1.0, self.rate * (now - self.widen_from))
+        if self.widen_errors < 3 or share < _WIDEN_SHARE:
+            return
+        self.widen_errors, self.widen_from = 0, now
+        if self.widen_share and share >= 0.8 * self.widen_share:
+            self.widen_off, self.margin = True, self.config.headroom
+            logger.debug("scope %s: errors as many held lower: random ones", scope.name)
+        elif self.margin < (widest := max(_ERROR_MARGIN, 1.0 / (self.edge * self.horizon))):
+            # (At a few per second, the edge's count is a request coarse.)
+            self.widen_share, self.margin = share, min(widest, 2.0 * self.margin)
+        else:
+            return
+        self.target = self.rate = self.edge * (1.0 - self.margin)
+        logger.debug("scope %s: errors while holding: rate -> %.3f/s", scope.name, self.rate)
 
     def _hold_errors(self, sent_at: float) -> bool:
         """Whether errors are a large enough share of the sends while holding to be a limit's."""
@@ -959,6 +1016,7 @@ class AdaptiveState(SlotState):
                 self.phase, self.phase_at = "probe", now
                 self.hold_cuts = 0
                 self.margin = max(self.config.headroom, self.margin / 2.0)
+                self.widen_share = 0.0  # the errors' share is measured anew, at the new rate
                 self.reason = f"adaptive: probing above {target:.3g}/s"
             return
         # probe: slow near the known edge, faster away from it (a convex climb)
