@@ -8,10 +8,11 @@ local part (the global cap, and the fallback when the store is away).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from threading import get_ident as _get_ident
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -43,6 +44,22 @@ _tasks = _clock.tasks
 # The lease of a MemoryPermit granted on its fast path, and once released.
 _FAST_GRANTED = object()
 _FAST_RELEASED = object()
+
+
+class _NoLoop:
+    """All a future needs of its loop when it is made (its debug flag)."""
+
+    @staticmethod
+    def get_debug() -> bool:
+        return False
+
+
+# What MemoryPermit.__aexit__ returns for ``async with`` to await: a future
+# already done, which completes at once on any loop (and under trio) and
+# costs less than the coroutine an ``async def __aexit__`` would make per
+# request (its release never waits).
+_DONE: asyncio.Future[None] = asyncio.Future(loop=_NoLoop())  # type: ignore[arg-type]
+_DONE.set_result(None)
 
 
 def _ledger_of_new_url(limiter: Limiter, url: str) -> ScopeLedger | None:
@@ -202,12 +219,12 @@ class MemoryPermit(Permit):
         self._lease = ticket
         return ticket
 
-    async def __aexit__(
+    def __aexit__(  # type: ignore[override]
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
+    ) -> Awaitable[None]:
         task = self._task
         if task is not None:  # Permit._unhold, its usual cases inline
             self._task = None
@@ -230,8 +247,9 @@ class MemoryPermit(Permit):
                 ledger.in_flight -= 1
                 gate.in_flight -= 1
                 self._lease = _FAST_RELEASED
-                return
+                return _DONE
         MemoryPermit.release(self)  # not an override's: instrumentation counts its own
+        return _DONE
 
     def release(self) -> None:
         """Give back the concurrency this permit holds (idempotent)."""
