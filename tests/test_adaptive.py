@@ -527,6 +527,26 @@ def test_errors_while_holding_above_a_burst_limit_hold_it_lower(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("rate", "capacity"), [(1.0, 3), (7.0, 6)])
+def test_errors_that_a_cut_thins_are_a_limits_when_they_stop_below_what_got_through(
+    backend: str, rate: float, capacity: int
+) -> None:
+    # nginx's limit_req at 1r/s with burst=2, or 7r/s with burst=5, answering
+    # 503: the cuts for overload ended a tenth or a fifth above the rate,
+    # where the errors were too few to cut again but never stopped, so they
+    # never proved a limit; the hold ended, the search went up into them
+    # again, round after round (34 % and 14.8 % refused over the second
+    # half). Below what got through they stop, and the limit is found.
+    server = BucketServer(
+        rate=rate, capacity=capacity, status=503, latency=0.05, reject_latency=0.001
+    )
+    trace = _run(server, 120.0, backend)
+    assert _ok_rate(trace, 60, 120) >= 0.95 * rate
+    late = [r for r in trace.requests if r.sent is not None and r.sent >= 60]
+    assert sum(1 for r in late if r.status == 503) / len(late) < 0.04
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_policys_jitter_does_not_space_sends_at_a_measured_limit(backend: str) -> None:
     # Scrapy's RANDOMIZE_DOWNLOAD_DELAY (on by default) jittered Adaptive's
     # pace too: some sends came closer than the limit allows, and the margin

@@ -61,6 +61,10 @@ _WIDEN_SHARE = 0.02
 #: Cuts for such errors while holding, in a row, after which they are taken
 #: for random ones (a cut below a limit's edge stops its refusals).
 _HOLD_CUTS = 2
+#: A hold after an overload cut whose errors are below this share of the
+#: share that cut (the cut thinned them, as a limit's refusals thin) is tried
+#: lower, at the rate that got through.
+_THINNED = 0.5
 #: The latencies of one round: enough for a stable mean of varied service times, or,
 #: when they come slowly, at least the fewer ones of ``_ROUND_TIME`` seconds.
 _ROUND = 30
@@ -139,7 +143,11 @@ class Adaptive:
     they come back once the rate climbs past it, they are a rate limit's
     refusals (nginx's ``limit_req`` answers 503 by default), treated as
     429s from then on, until cutting below each edge they measure leaves as
-    many (random errors, then: the search starts over). While holding, such
+    many (random errors, then: the search starts over). If the cut ended
+    above such a limit, its errors go on but thin (under half the share
+    that cut): the hold is tried again below what got through, where a
+    limit's stop (an error there: random ones, back to the rate held, and
+    no such try for ``max_hold`` seconds). While holding, such
     errors count as refusals only at a tenth of the sends; fewer (three or
     more within 10 s, at least 2 % of the sends) widen the margin as a 429
     would, up to 8 % (or a request's worth at a few per second), unless
@@ -216,6 +224,9 @@ class AdaptiveState(SlotState):
         "concurrency_edge",
         "config",
         "cut_at",
+        "cut_random_at",
+        "cut_share",
+        "cut_tried",
         "edge",
         "edge_held",
         "empty",
@@ -292,6 +303,9 @@ class AdaptiveState(SlotState):
         self.risen_to = 0.0
         self.horizon = _EDGE_HORIZON  # the server's window, as far as it has shown it
         self.cut_at = -INF  # requests sent before this are part of the last cut
+        self.cut_share = 0.0  # the share of overload errors that cut (0: tried lower since)
+        self.cut_tried = 0.0  # while a hold is tried lower: the rate held before (else 0)
+        self.cut_random_at = -INF  # when errors last came below what got through
         self.ok_since_cut = 0
         self.empty = 0  # throttles in a row with nothing accepted in between
         self.run_at: float | None = None  # when sending last began or reopened after a closure
@@ -891,6 +905,12 @@ class AdaptiveState(SlotState):
                     return
         if not echo:
             self.errors_clean = False
+            if self.cut_tried:  # errors below what got through: random ones
+                # Back to the rate held, at the end of its hold.
+                self.rate = self.target = self.cut_tried
+                self.cut_tried, self.cut_random_at = 0.0, now
+                self.phase_at = now - self.hold_for
+                logger.debug("scope %s: errors below what got through: random ones", scope.name)
         if self._overloaded():
             self._cut_for_overload(scope, now)
 
@@ -948,6 +968,9 @@ class AdaptiveState(SlotState):
         limit = self.concurrency if self.concurrency is not None else max(1, scope.in_flight)
         self.concurrency = max(1, int(limit * config.overload_cut))
         self.limit_growing = False
+        outcomes = self.outcomes
+        self.cut_share = sum(outcomes) / len(outcomes) if outcomes else 0.0
+        self.cut_tried = 0.0
         self.outcomes = []
         self.errors_clean, self.errors_limit = True, False
         self.hold_cuts = 0
@@ -990,6 +1013,36 @@ class AdaptiveState(SlotState):
             return
         if self.phase == "hold":
             outcomes = self.outcomes
+            if (
+                self.edge is None
+                and elapsed >= self.hold_for
+                and not self.errors_clean
+                and outcomes
+                and sum(outcomes) < _THINNED * self.cut_share * len(outcomes)
+                and now - self.cut_random_at >= self.config.max_hold
+            ):
+                # Held after a cut for overload, the errors thinned. A rate
+                # limit (or a full server) lets about as many through at any
+                # rate above it, so its refusals thin as the rate is cut,
+                # and stop below what got through; random errors keep their
+                # share (and may have thinned only from a share that came by
+                # chance). Try below what got through: an error there means
+                # random ones (back to the rate held, at once, and no such
+                # try for max_hold seconds: each may pass clean by chance);
+                # none, a limit, whose edge the clean hold then finds.
+                got = self.ok_since_cut / max(elapsed, 1.0)
+                self.cut_tried, self.cut_share = self.rate, 0.0
+                self.rate = self.target = max(0.05, got * (1.0 - _ERROR_MARGIN))
+                self.phase_at = self.cut_at = now
+                self.ok_since_cut, self.errors_clean = 0, True
+                self.reason = f"adaptive: trying {self.rate:.3g}/s, below what got through"
+                logger.debug(
+                    "scope %s: errors thinned by the cut, %.3f/s got through: trying %.3f/s",
+                    scope.name,
+                    got,
+                    self.rate,
+                )
+                return
             if self.edge is None and (
                 (self.errors_clean and self.ok_since_cut >= _CLEAN_PROOF)
                 or (
@@ -1004,6 +1057,7 @@ class AdaptiveState(SlotState):
                 # all accepted prove enough before the hold ends. A larger
                 # share probes up slowly, as after a limit.
                 self.phase, self.phase_at = "start", now
+                self.cut_tried = 0.0
                 self.reason = f"adaptive: searching up from {target:.3g}/s after an overload"
                 logger.debug(
                     "scope %s: %d accepted since the overload cut (%s): searching up",
