@@ -547,6 +547,24 @@ def test_errors_that_a_cut_thins_are_a_limits_when_they_stop_below_what_got_thro
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fixed_windows_run_of_503_refusals_is_one_refusal_not_an_overload(
+    backend: str,
+) -> None:
+    # 50 per fixed second answering 503: the end of each window refuses a
+    # run of sends at once. Once its errors were known to be a limit's, the
+    # echoes of one refusal still counted toward the overload share, ten of
+    # them cut for overload, and the test began again every three seconds
+    # (80 % of the limit, 14 % refused over the second half).
+    server = QuotaServer(
+        limit=50, window=1.0, status=503, latency=0.05, reject_latency=0.001, retry_after=None
+    )
+    trace = _run(server, 120.0, backend)
+    assert _ok_rate(trace, 60, 120) >= 0.95 * 50
+    late = [r for r in trace.requests if r.sent is not None and r.sent >= 60]
+    assert sum(1 for r in late if r.status == 503) / len(late) < 0.01
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_policys_jitter_does_not_space_sends_at_a_measured_limit(backend: str) -> None:
     # Scrapy's RANDOMIZE_DOWNLOAD_DELAY (on by default) jittered Adaptive's
     # pace too: some sends came closer than the limit allows, and the margin

@@ -142,7 +142,8 @@ class Adaptive:
     sends pass without an overload error (40 accepted, or the hold) and
     they come back once the rate climbs past it, they are a rate limit's
     refusals (nginx's ``limit_req`` answers 503 by default), treated as
-    429s from then on, until cutting below each edge they measure leaves as
+    429s from then on (the echoes of one count with it, not toward the
+    overload share), until cutting below each edge they measure leaves as
     many (random errors, then: the search starts over). If the cut ended
     above such a limit, its errors go on but thin (under half the share
     that cut): the hold is tried again below what got through, where a
@@ -401,7 +402,10 @@ class AdaptiveState(SlotState):
             self.ok_since_cut += 1
             if self.empty >= 2:
                 self._reopened(scope, sent_at, now)
-        self._remember(1 if kind == "overload" else 0)
+        if not (kind == "overload" and self.errors_limit and sent_at - self.cut_at < self.horizon):
+            # (An echo of a limit's refusal counts with that refusal: the
+            # end of a fixed window refuses a run of sends at once.)
+            self._remember(1 if kind == "overload" else 0)
         if unexplained:
             wait = (info.retry_after if info is not None else None) or 0.0
             if sent_at > self.cut_at:
