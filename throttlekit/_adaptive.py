@@ -58,6 +58,9 @@ _HOLD_ERRORS = 0.1
 _ERROR_MARGIN = 0.08
 _WIDEN_SPAN = 10.0
 _WIDEN_SHARE = 0.02
+#: Once they widened it, errors that come at this share of the one that did
+#: or more, held lower, are random ones (a limit's refusals thin out there).
+_WIDEN_RANDOM = 0.8
 #: Cuts for such errors while holding, in a row, after which they are taken
 #: for random ones (a cut below a limit's edge stops its refusals).
 _HOLD_CUTS = 2
@@ -773,8 +776,9 @@ class AdaptiveState(SlotState):
         # let go of the last one's sends would be judged by them.
         self.hold_for = min(config.max_hold, max(hold, self.horizon))
         self.edge, self.edge_held = edge, confirmed
-        if not confirmed:
+        if not confirmed:  # errors near the old edge say nothing of this one
             self.widen_off, self.widen_share = False, 0.0
+            self.widen_errors, self.widen_from = 0, -INF
         self.target = edge * (1.0 - self.margin)
         self._pause_for_excess(sent, edge, now, pause)
         # A confirmed edge is known: resume at the target; a new one from below it.
@@ -938,7 +942,7 @@ class AdaptiveState(SlotState):
         if self.widen_errors < 3 or share < _WIDEN_SHARE:
             return
         self.widen_errors, self.widen_from = 0, now
-        if self.widen_share and share >= 0.8 * self.widen_share:
+        if self.widen_share and share >= _WIDEN_RANDOM * self.widen_share:
             self.widen_off, self.margin = True, self.config.headroom
             logger.debug("scope %s: errors as many held lower: random ones", scope.name)
         elif self.margin < (widest := max(_ERROR_MARGIN, 1.0 / (self.edge * self.horizon))):
