@@ -405,7 +405,7 @@ class AdaptiveState(SlotState):
             self.ok_since_cut += 1
             if self.empty >= 2:
                 self._reopened(scope, sent_at, now)
-        if not (kind == "overload" and self.errors_limit and sent_at - self.cut_at < self.horizon):
+        if not (kind == "overload" and self.errors_limit and self._echo(sent_at)):
             # (An echo of a limit's refusal counts with that refusal: the
             # end of a fixed window refuses a run of sends at once.)
             self._remember(1 if kind == "overload" else 0)
@@ -539,6 +539,10 @@ class AdaptiveState(SlotState):
         if len(outcomes) > _OUTCOMES:
             del outcomes[0]
 
+    def _echo(self, sent_at: float) -> bool:
+        """Sent while the server's window still held the sends from before the last cut."""
+        return sent_at - self.cut_at < self.horizon
+
     def _overloaded(self) -> bool:
         outcomes = self.outcomes
         return len(outcomes) >= 10 and sum(outcomes) >= self.config.overload_share * len(outcomes)
@@ -549,10 +553,9 @@ class AdaptiveState(SlotState):
         config = self.config
         closed = self.cut_at > -INF and self.ok_since_cut == 0
         horizon = self.horizon
-        if sent_at - self.cut_at < horizon:
-            # An echo: sent while the server's window still held the sends
-            # from before the cut, so it measures nothing. If nothing got
-            # through since, give it a second before sending again.
+        if self._echo(sent_at):
+            # An echo measures nothing. If nothing got through since the
+            # cut, give it a second before sending again.
             if closed:
                 self.blocked_until = max(self.blocked_until, self.cut_at + _EDGE_HORIZON)
             return
@@ -879,8 +882,7 @@ class AdaptiveState(SlotState):
         as large a share, they were random all along: the scope forgets the
         edge and searches up again, counting them toward the overload share.
         """
-        # An echo: sent while the server still counted the sends before the cut.
-        echo = sent_at - self.cut_at < self.horizon
+        echo = self._echo(sent_at)
         holding = self.phase in ("recover", "hold")
         limit = (
             not echo
