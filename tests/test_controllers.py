@@ -320,7 +320,8 @@ def test_backoff_invalid_config(kwargs: dict[str, Any], field: str) -> None:
 
 
 def test_backoff_concurrency_shrinks_at_max_delay_and_recovers() -> None:
-    ledger = _backoff_ledger(max_delay=4.0, window=10.0)
+    # Each 503 steps (error_share=0): the helper's first response went through.
+    ledger = _backoff_ledger(max_delay=4.0, window=10.0, error_share=0.0)
     state = ledger.controllers[0]
     now = 0.0
     for _ in range(3):  # 1 -> 2 -> 4 (max)
@@ -454,6 +455,35 @@ async def test_autothrottle_follows_latency_that_grows_with_load() -> None:
     assert busy / 100.0 == pytest.approx(1.0, abs=0.35)
     stats = limiter.statistics().scopes[SCOPE]
     assert stats.reason.startswith("autothrottle")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_random_503s_cost_a_default_scope_one_step_not_its_rate(backend: str) -> None:
+    """5 % random 503s in front of a 40/s capacity: 0.1's backoff stepped on
+    each and never saw a quiet window (a trickle for good); now the first
+    costs a step that the quiet windows take back, and the scope runs at
+    the capacity again."""
+    from throttlekit.testing import CapacityServer, FlakyServer, burst, simulate
+
+    server = FlakyServer(
+        latency=0.05,
+        error_rate=0.05,
+        error_statuses=(503,),
+        timeout_rate=0.0,
+        reset_rate=0.0,
+        origin=CapacityServer(workers=2, service_time=0.05),
+    )
+
+    def late_rate(share: float) -> float:
+        policy = ScopePolicy(
+            concurrency=4, delay=0, slot_delay=0, backoff=Backoff(window=10.0, error_share=share)
+        )
+        trace = simulate(policy, server, burst(URL, 12000), duration=240.0, backend=backend)
+        late = [r for r in trace.requests if r.status == 200 and (r.sent or 0) >= 180]
+        return len(late) / 60.0
+
+    assert late_rate(0.25) >= 0.8 * 40 * 0.95
+    assert late_rate(0.0) < 5.0  # 0.1's rule, the ratchet
 
 
 async def _fast_429_run(policy: ScopePolicy) -> tuple[int, int]:
@@ -657,6 +687,39 @@ async def test_rampup_slows_down_within_the_window_when_far_past_the_target() ->
     state = limiter._local.core.scopes[SCOPE].controllers[0]
     assert state.rung == -1  # stepped down after 6 signals, long before the window ended
     assert limiter.statistics().scopes[SCOPE].delay > 0.0
+
+
+def _levels(statuses: Any, **backoff: Any) -> list[int]:
+    """A default scope's backoff level after each of ``statuses``, one request a second."""
+    ledger = ScopeLedger(SCOPE, ScopePolicy(concurrency=4, delay=0.0, backoff=Backoff(**backoff)))
+    levels = []
+    for second, status in enumerate(statuses, start=1):
+        now = float(second)
+        feedback = Feedback(status=status, sent_at=now)
+        if status == "timeout":
+            feedback = Feedback(exception=TimeoutError(), sent_at=now)
+        ledger.on_feedback(feedback, now + 0.1)
+        levels.append(ledger.controllers[0].level if ledger.controllers else 0)
+    return levels
+
+
+def test_backoff_random_errors_among_successes_do_not_ratchet() -> None:
+    one_in_twenty = [503 if second % 20 == 7 else 200 for second in range(400)]
+    levels = _levels(one_in_twenty, window=10.0)
+    assert levels[7] == 1  # the first error steps: nothing had gone through before it
+    assert max(levels) <= 2  # the next ones are few among successes: no ratchet
+    assert levels[-1] == 0  # and they do not keep the quiet windows from stepping back
+    assert _levels(one_in_twenty, window=10.0, error_share=0.0)[-1] >= 5  # 0.1: each steps
+
+
+def test_backoff_a_server_failing_every_request_or_a_large_share_is_backed_off_from() -> None:
+    # Nothing gets through: every error steps, timeouts alike.
+    assert _levels([200, 503, 503, 503, "timeout"]) == [0, 1, 2, 3, 4]
+    # One in three fails among successes: a quarter of the last 40, and on.
+    one_in_three = [503 if second % 3 == 0 else 200 for second in range(60)]
+    assert _levels(one_in_three)[-1] >= 3
+    # A 429 among successes is meant: it always steps.
+    assert _levels([429 if second % 20 == 7 else 200 for second in range(40)])[-1] == 2
 
 
 def test_concurrency_cut_ends_for_an_unlimited_policy() -> None:

@@ -372,6 +372,7 @@ BAD_SETTINGS: dict[str, list[Any]] = {
     "BACKOFF_JITTER": _bad(1.0, -0.5, [0.5, 0.1], "x", bool_ok=True),
     "BACKOFF_WINDOW": _bad(0, -1, "x"),
     "BACKOFF_CONCURRENCY_FACTOR": _bad(0, 1, 1.5, -1, "x"),
+    "BACKOFF_ERROR_SHARE": _bad(1, 1.5, -0.1, "x"),
     "RAMPUP_BACKOFF_TARGET": _bad(-1, 1.5, [3, 1], [1, 2, 3], [1.5, 2], "many"),
     "AUTOTHROTTLE_ENABLED": [*NON_FINITE, *HUGE, *WRONG_TYPE, "sometimes", 2, -1],
     "AUTOTHROTTLE_START_DELAY": _bad(-1, "x"),
@@ -421,6 +422,7 @@ BAD_CONTROLLER_KEYS: dict[str, dict[str, list[Any]]] = {
         "jitter": BAD_SETTINGS["BACKOFF_JITTER"],
         "window": _NUMBER(0, -1),
         "concurrency_factor": BAD_SETTINGS["BACKOFF_CONCURRENCY_FACTOR"],
+        "error_share": BAD_SETTINGS["BACKOFF_ERROR_SHARE"],
     },
     "rampup": {
         "target": BAD_SETTINGS["RAMPUP_BACKOFF_TARGET"],
@@ -515,6 +517,7 @@ def test_non_finite_and_huge_numbers_in_the_python_api_name_the_field() -> None:
             (Backoff, "delay_factor"),
             (Backoff, "max_delay"),
             (Backoff, "concurrency_factor"),
+            (Backoff, "error_share"),
             (AutoThrottle, "target_concurrency"),
             (Rampup, "concurrency_factor"),
         ):

@@ -30,6 +30,9 @@ logger = logging.getLogger("throttlekit.backoff")
 
 INF = math.inf
 
+#: How many recent outcomes an error's share is counted over (see ``Backoff.error_share``).
+_OUTCOMES = 40
+
 #: HTTP statuses that mean "too fast" or "overloaded".
 DEFAULT_BACKOFF_HTTP_CODES: frozenset[int] = frozenset(
     {429, 502, 503, 504, 520, 521, 522, 523, 524}
@@ -148,13 +151,25 @@ def _above_one(instance: object, attribute: attrs.Attribute[Any], value: object)
     check_number(attribute.name, value, minimum=1.0, strict=True)
 
 
+def _share(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if check_number(attribute.name, value, minimum=0.0) >= 1.0:
+        raise ValueError(f"{attribute.name} must be in [0, 1), got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class Backoff:
     """Error-driven slowdown of a scope (on by default in every :class:`ScopePolicy`).
 
     A *backoff signal* is a response whose status is in ``http_codes`` or a
-    failure whose exception is an instance of one of ``exceptions``. Each
-    signal multiplies the delay in force (the policy's, AutoThrottle's, a
+    failure whose exception is an instance of one of ``exceptions``. A 429,
+    or any response that asks to wait (``Retry-After``), always steps. Other
+    errors (5xx, timeouts, dropped connections) step when no request sent
+    since the last step up has gone through (a server failing every request is
+    backed off from step after step), or when they are at least
+    ``error_share`` of the scope's last 40 outcomes. So a few random errors
+    among many successes cost about one step: they neither ratchet the delay
+    up nor keep it from stepping back (they are still reported as the last
+    signal). Each signal multiplies the delay in force (the policy's, AutoThrottle's, a
     header's pace or this backoff's own) by ``delay_factor``; the first step
     goes to at least ``min_delay``, and no step above ``max_delay``.
     Signals from requests that were already in
@@ -164,7 +179,7 @@ class Backoff:
     When the delay is at ``max_delay`` and signals continue, the scope's
     concurrency is multiplied by ``concurrency_factor`` (never below 1).
 
-    After ``window`` seconds without a signal, the scope takes one step back
+    After ``window`` seconds without a signal that steps, the scope takes one step back
     toward its policy (concurrency first, then delay). Backoff remembers the
     largest delay that drew a signal and the smallest that stayed quiet for
     a whole window, and each step back goes halfway between them (or divides
@@ -190,6 +205,10 @@ class Backoff:
     :param window: quiet seconds before each step back. Default 60.0.
     :param concurrency_factor: concurrency multiplier when the delay is maxed
         (0 < f < 1). Default 0.5.
+    :param error_share: the share of the last 40 outcomes that 5xx statuses
+        and exceptions must reach to step once a request has gone through
+        since the last step up (0 <= s < 1); 0 makes each one step, as a 429
+        does. Default 0.25.
     :param headers_only: honour ``Retry-After``/``RateLimit`` headers but do not
         step the delay (used when :class:`Rampup` drives the scope).
 
@@ -209,6 +228,7 @@ class Backoff:
     jitter: tuple[float, float] = attrs.field(default=(-0.1, 0.1), converter=normalize_jitter)
     window: float = attrs.field(default=60.0, validator=positive)
     concurrency_factor: float = attrs.field(default=0.5, validator=positive)
+    error_share: float = attrs.field(default=0.25, validator=_share)
     headers_only: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -250,9 +270,12 @@ class BackoffState(SlotState):
         "_cut_from",
         "_forgot",
         "_good_delay",
+        "_outcomes",
         "_pace_delay",
         "_pace_until",
+        "_signal_at",
         "_step_at",
+        "_through",
         "blocked_until",
         "config",
         "cut",
@@ -285,8 +308,11 @@ class BackoffState(SlotState):
         self._cut_from = 1
         self._forgot = False
         self._step_at = -INF
+        self._signal_at = -INF  # the last signal that counted (random errors do not)
         self._pace_delay = 0.0
         self._pace_until = -INF
+        self._outcomes: list[int] = []  # the last _OUTCOMES: 1 = a 5xx or exception, 0 = not
+        self._through = False  # whether a request sent since the last step up went through
 
     def __repr__(self) -> str:
         return (
@@ -316,7 +342,7 @@ class BackoffState(SlotState):
         """When a send may step back (a quiet window ended) or end a header's pace or cap."""
         due = INF
         if self.active:
-            due = max(self.last_signal_at, self._step_at) + self.config.window
+            due = max(self._signal_at, self._step_at) + self.config.window
         if self._pace_delay and self._pace_until < due:
             due = self._pace_until
         if self._cap is not None and -INF < self._cap_until < due:
@@ -325,7 +351,7 @@ class BackoffState(SlotState):
 
     def on_send(self, scope: ScopeView, now: float) -> bool:
         changed = False
-        if self.active and now - max(self.last_signal_at, self._step_at) >= self.config.window:
+        if self.active and now - max(self._signal_at, self._step_at) >= self.config.window:
             self._step_back(scope, now)
             changed = True
         if self._pace_delay and now >= self._pace_until:
@@ -344,7 +370,8 @@ class BackoffState(SlotState):
         if info is not None:
             self._apply_headers(scope, info, now)
         if not config.is_signal(feedback):
-            if self.active and now - max(self.last_signal_at, self._step_at) >= config.window:
+            self._count(feedback, error=False)
+            if self.active and now - max(self._signal_at, self._step_at) >= config.window:
                 self._step_back(scope, now)
             return
         status = feedback.status
@@ -355,10 +382,42 @@ class BackoffState(SlotState):
         self.last_signal_at = now
         if config.headers_only:
             return
+        # A 429 or a wait the server asks for is meant; another error may be
+        # random, and moves the scope only as one of many recent errors.
+        if (
+            config.error_share
+            and status != 429
+            and (info is None or info.wait() is None)
+            and not self._count(feedback, error=True)
+        ):
+            return
+        self._signal_at = now
         sent_at = feedback.sent_at
         if sent_at is not None and sent_at <= self._step_at:
             return  # in flight before the last step: part of that step
         self._step_up(scope, now)
+
+    def _count(self, feedback: Feedback, *, error: bool) -> bool:
+        """Count an outcome; whether an error among the recent ones should step.
+
+        It should when nothing sent since the last step up has gone through
+        (the step did not help: the server fails every request), or when errors
+        are at least ``error_share`` of the last 40 outcomes (a large share,
+        at any rate). A few among many successes are taken for random ones.
+        """
+        share = self.config.error_share
+        if not share or self.config.headers_only:
+            return True
+        outcomes = self._outcomes
+        outcomes.append(1 if error else 0)
+        if len(outcomes) > _OUTCOMES:
+            del outcomes[0]
+        if not error:
+            sent_at = feedback.sent_at
+            if sent_at is None or sent_at > self._step_at:
+                self._through = True
+            return True
+        return not self._through or sum(outcomes) >= share * _OUTCOMES
 
     # -- steps ---------------------------------------------------------------------
 
@@ -400,6 +459,7 @@ class BackoffState(SlotState):
         self._calm = 0
         self._forgot = False
         self._step_at = now
+        self._through = False
         logger.debug(
             "scope %s: backoff after %s, delay %.3f -> %.3f s, concurrency %s (level %d)",
             scope.name,

@@ -48,6 +48,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "BACKOFF_JITTER": 0.1,
     "BACKOFF_WINDOW": 60.0,
     "BACKOFF_CONCURRENCY_FACTOR": 0.5,
+    "BACKOFF_ERROR_SHARE": 0.25,
     "RAMPUP_BACKOFF_TARGET": 1,
     "AUTOTHROTTLE_ENABLED": False,
     "AUTOTHROTTLE_START_DELAY": 5.0,
@@ -118,6 +119,7 @@ _ALLOWED = {
     "backoff.min_delay": f"{_SECONDS} > 0",
     "backoff.max_delay": f"{_SECONDS} > 0",
     "backoff.concurrency_factor": "a number in (0, 1)",
+    "backoff.error_share": "a number in [0, 1)",
     "autothrottle.start_delay": f"{_SECONDS} >= 0",
     "autothrottle.max_delay": f"{_SECONDS} > 0",
     "autothrottle.target_concurrency": "a finite number > 0",
@@ -141,6 +143,7 @@ _BACKOFF_KEYS = (
     "jitter",
     "window",
     "concurrency_factor",
+    "error_share",
 )
 _AUTOTHROTTLE_KEYS = ("start_delay", "max_delay", "target_concurrency", "debug")
 _RAMPUP_KEYS = ("target", "window", "min_delay", "max_concurrency", "concurrency_factor")
@@ -353,6 +356,7 @@ def _default_backoff(settings: Mapping[str, Any]) -> Backoff:
         "jitter": _get(settings, "BACKOFF_JITTER"),
         "window": _get(settings, "BACKOFF_WINDOW"),
         "concurrency_factor": _get(settings, "BACKOFF_CONCURRENCY_FACTOR"),
+        "error_share": _get(settings, "BACKOFF_ERROR_SHARE"),
     }
     names = {key: f"BACKOFF_{key.upper()}" for key in options}
     backoff: Backoff = _built(
