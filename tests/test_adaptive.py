@@ -610,6 +610,39 @@ def test_random_errors_taken_for_a_limit_are_found_out(seed: int, backend: str) 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_requests_that_hang_do_not_take_the_capacity_s_places(backend: str) -> None:
+    # 2 % of requests hang until the client's 10 s timeout, never reaching the
+    # server: about ten places in flight at 50/s. Counted in the concurrency
+    # loop's limit, they left the server a few (60 % of its capacity).
+    server = FlakyServer(
+        error_rate=0.0,
+        timeout_rate=0.02,
+        timeout=10.0,
+        origin=CapacityServer(workers=5, service_time=0.1, exponential=True),
+    )
+    trace = _run(server, 120.0, backend)
+    assert _ok_rate(trace, 60, 120) >= 0.8 * 50 * 0.98
+
+
+def test_a_hung_request_s_place_is_given_back_for_as_long_as_it_hung() -> None:
+    policy = ScopePolicy(concurrency=16, delay=0, slot_delay=0, adaptive=Adaptive())
+    ledger = ScopeLedger("api.test", policy)
+    state = ledger.controllers[0]
+    for second in range(20):  # answers in 50 ms
+        now = float(second)
+        ledger.on_feedback(Feedback(status=200, latency=0.05, sent_at=now - 0.05), now)
+    limit = state.concurrency
+    ledger.on_feedback(Feedback(exception=TimeoutError(), sent_at=10.0), 20.0)
+    assert state.concurrency == limit + 1  # one more hangs now, by Little's law
+    ledger.on_feedback(Feedback(status=200, latency=0.05, sent_at=29.0), 29.05)
+    assert state.concurrency == limit + 1
+    ledger.on_feedback(Feedback(status=200, latency=0.05, sent_at=30.0), 30.05)
+    assert state.concurrency == limit  # ten seconds on: gone
+    ledger.on_feedback(Feedback(exception=TimeoutError(), sent_at=30.5), 30.6)
+    assert state.concurrency == limit  # a quick failure did not hang
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sustained_overload_backs_off_hard(backend: str) -> None:
     server = FlakyServer(
         latency=0.05, error_rate=0.5, error_statuses=(503,), timeout_rate=0.0, reset_rate=0.0

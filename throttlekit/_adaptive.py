@@ -75,6 +75,10 @@ _ROUND_FEWEST = 3
 _ROUND_TIME = 2.0
 #: The windowed minimum RTT keeps two epochs of this length.
 _RTT_EPOCH = 30.0
+#: A failure after this many seconds, and this many times the mean latency,
+#: hung: the server was not serving it.
+_HUNG = 1.0
+_HUNG_LATENCIES = 4.0
 
 #: The jitter of a scope paced at a measured limit: none.
 _EVEN = (0.0, 0.0)
@@ -136,7 +140,11 @@ class Adaptive:
       (``limit * (1 - lowest / mean)``): it grows the limit while the queue
       is under 1.5 requests and shrinks it above 4, never growing while the
       scope does not use what it has. For a server that serves only a few
-      at once (steady latencies), the thresholds shrink with it.
+      at once (steady latencies), the thresholds shrink with it. Requests
+      that hang (failures after far longer than the latency, as client
+      timeouts of dropped requests) take no place of that limit: one more
+      is allowed per such failure, for as long as it hung (not while errors
+      are an eighth of the outcomes or more).
 
     Random errors do not move it: only when overload errors (5xx without
     ``Retry-After``, timeouts, dropped connections) are at least
@@ -224,7 +232,6 @@ class AdaptiveState(SlotState):
     __slots__ = (
         "blocked_until",
         "closed_at",
-        "concurrency",
         "concurrency_edge",
         "config",
         "cut_at",
@@ -240,7 +247,10 @@ class AdaptiveState(SlotState):
         "hold_cuts",
         "hold_for",
         "horizon",
+        "hung",
+        "hung_for",
         "latency",
+        "limit",
         "limit_growing",
         "margin",
         "moved_at",
@@ -334,7 +344,13 @@ class AdaptiveState(SlotState):
         self.refine_wait = 0.0
         self.refine_phase = "start"
         ceiling = policy.concurrency
-        self.concurrency: int | None = min(2, ceiling) if ceiling is not None else 2
+        # The concurrency loop's limit on requests the server is serving; a
+        # request that hung (failed after far longer than the latency) is
+        # not, until its failure: the arrival times of the failures of the
+        # last hung_for seconds (as many hang now, by Little's law).
+        self.limit: int | None = min(2, ceiling) if ceiling is not None else 2
+        self.hung: list[float] = []
+        self.hung_for = 0.0
         self.concurrency_edge: int | None = None  # a limit on requests in flight, once found
         self.refusals: list[list[float]] = []  # [in flight, rate] at the last refusals
         self.limit_growing = True  # Vegas slow start: double per round
@@ -353,6 +369,12 @@ class AdaptiveState(SlotState):
             f"<AdaptiveState {self.phase} rate={self.rate:.3g}/s edge={self.edge} "
             f"concurrency={self.concurrency}>"
         )
+
+    @property
+    def concurrency(self) -> int | None:
+        """The limit on requests in flight: the loop's, plus those that hang."""
+        limit = self.limit
+        return limit + len(self.hung) if limit is not None else None
 
     @property
     def jitter(self) -> tuple[float, float] | None:
@@ -399,6 +421,7 @@ class AdaptiveState(SlotState):
             limit, window = info.limit, info.window
             self._stated_quota(scope, limit / window if limit and window else None, now)
         self._count(sent_at, accepted=kind == "ok")
+        self._hang(kind == "overload" and feedback.status is None, now - sent_at, now)
         if kind == "ok" and sent_at >= self.run_at:
             self.run_ok += 1
         if kind == "ok" and sent_at > self.cut_at:
@@ -446,6 +469,30 @@ class AdaptiveState(SlotState):
         if status in _OVERLOAD_CODES:
             return "overload"
         return "ok"
+
+    def _hang(self, failed: bool, elapsed: float, now: float) -> None:
+        """Count the requests in flight that hang, from the failures that hung.
+
+        A request that fails after far longer than the latency (a client
+        timeout of a request the server dropped) held a place in flight that
+        the server did not serve, as TCP counts a segment past its timeout
+        out of the pipe: as many such places are taken now as hung failures
+        came in the last span they hung for, and the concurrency loop's limit
+        counts without them. Not while errors are a large share: a server so
+        overloaded that requests time out in its queue is to be backed off.
+        """
+        hung = self.hung
+        if failed and elapsed >= max(_HUNG, _HUNG_LATENCIES * (self.latency or 0.0)):
+            hung.append(now)
+            self.hung_for = elapsed
+        if hung:
+            outcomes = self.outcomes
+            if sum(outcomes) >= 0.5 * self.config.overload_share * max(len(outcomes), 1):
+                hung.clear()
+            else:
+                since = now - self.hung_for
+                while hung and hung[0] <= since:
+                    del hung[0]
 
     # -- measured rates ------------------------------------------------------------
 
@@ -651,7 +698,7 @@ class AdaptiveState(SlotState):
         if len(refusals) < 3 or len(counts) > 1 or flying < 2 or max(rates) <= 1.25 * min(rates):
             return False
         self.concurrency_edge = flying
-        self.concurrency = min(self.concurrency or flying, flying)
+        self.limit = min(self.limit or flying, flying)
         self.rate = self.target = INF
         self.edge = None
         self.phase, self.phase_at = "capped", now
@@ -965,7 +1012,7 @@ class AdaptiveState(SlotState):
     def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
         config = self.config
         sent = self._measured(now - 2.0, now, accepted=False)
-        old_rate, old_limit = self.rate, self.concurrency
+        old_rate, old_limit = self.rate, self.limit
         base = min(self.rate, sent) if sent > 0 else self.rate
         self.rate = max(0.05, base * config.overload_cut)
         self.edge = None
@@ -975,8 +1022,8 @@ class AdaptiveState(SlotState):
         self.hold_for = config.hold
         self.cut_at = self.resumed_at = now
         self.ok_since_cut = 0
-        limit = self.concurrency if self.concurrency is not None else max(1, scope.in_flight)
-        self.concurrency = max(1, int(limit * config.overload_cut))
+        limit = self.limit if self.limit is not None else max(1, scope.in_flight)
+        self.limit = max(1, int(limit * config.overload_cut))
         self.limit_growing = False
         outcomes = self.outcomes
         self.cut_share = sum(outcomes) / len(outcomes) if outcomes else 0.0
@@ -984,16 +1031,14 @@ class AdaptiveState(SlotState):
         self.outcomes = []
         self.errors_clean, self.errors_limit = True, False
         self.hold_cuts = 0
-        self.reason = (
-            f"adaptive: overloaded, rate {self.rate:.3g}/s, concurrency {self.concurrency}"
-        )
+        self.reason = f"adaptive: overloaded, rate {self.rate:.3g}/s, concurrency {self.limit}"
         logger.debug(
             "scope %s: overload errors, rate %.3f -> %.3f/s, concurrency %s -> %s",
             scope.name,
             old_rate,
             self.rate,
             old_limit,
-            self.concurrency,
+            self.limit,
         )
 
     def _advance(self, scope: ScopeView, now: float) -> None:
@@ -1124,10 +1169,10 @@ class AdaptiveState(SlotState):
             if self.rtt_min == INF or self.rtt_min_at <= self.rtt_prev_at:
                 self.rtt_prev, self.rtt_prev_at = self.rtt_min, self.rtt_min_at
             self.rtt_min, self.rtt_min_at, self.rtt_epoch = INF, INF, now
-        limit = self.concurrency
+        limit = self.limit
         if limit is None:
             return
-        if scope.in_flight >= limit / 2:
+        if scope.in_flight - len(self.hung) >= limit / 2:
             self.round_busy = True
         if not self.round:
             self.round_at = now
@@ -1170,7 +1215,7 @@ class AdaptiveState(SlotState):
             limit = min(top, limit * 2 if self.limit_growing else limit + 1)
         elif queue >= low:
             self.limit_growing = False
-        self.concurrency = limit
+        self.limit = limit
         if limit != old:
             logger.debug(
                 "scope %s: latency %.3f s over %.3f s minimum (queue %.2f), concurrency %s -> %s",
