@@ -486,6 +486,25 @@ def test_random_503s_cost_a_default_scope_one_step_not_its_rate(backend: str) ->
     assert late_rate(0.0) < 5.0  # 0.1's rule, the ratchet
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_limit_answering_503_to_a_few_requests_is_still_backed_off_from(backend: str) -> None:
+    """nginx's limit_req at 12/s under a policy of 14/s refuses one request
+    in seven with a 503: too few to be a large share, but many more than
+    where the scope was quiet, so they step (taken for random ones, 20 % of
+    the requests were refused for good)."""
+    from throttlekit.testing import QuotaServer, burst, simulate
+
+    server = QuotaServer(
+        limit=12, window=1.0, sliding=True, status=503, retry_after=None, latency=0.05
+    )
+    policy = ScopePolicy(concurrency=4, delay=1 / 14, slot_delay=0, jitter=0)
+    trace = simulate(policy, server, burst(URL, 5000), duration=600.0, backend=backend)
+    late = [r for r in trace.requests if r.status is not None and (r.sent or 0) >= 300]
+    refused = sum(r.status == 503 for r in late)
+    assert late
+    assert refused < 0.01 * len(late)
+
+
 async def _fast_429_run(policy: ScopePolicy) -> tuple[int, int]:
     limiter = Limiter(default=policy, seed=3)
     log = await crawl(limiter, FastErrorServer(rate=1), duration=600.0, workers=8)

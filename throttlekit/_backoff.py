@@ -32,6 +32,8 @@ INF = math.inf
 
 #: How many recent outcomes an error's share is counted over (see ``Backoff.error_share``).
 _OUTCOMES = 40
+#: How unlikely errors must be, at the last quiet window's share, to step.
+_UNLIKELY = 0.0001
 
 #: HTTP statuses that mean "too fast" or "overloaded".
 DEFAULT_BACKOFF_HTTP_CODES: frozenset[int] = frozenset(
@@ -151,6 +153,15 @@ def _above_one(instance: object, attribute: attrs.Attribute[Any], value: object)
     check_number(attribute.name, value, minimum=1.0, strict=True)
 
 
+def _unlikely(errors: int, expected: float) -> bool:
+    """Whether ``errors`` or more are unlikely (under 0.01 %) where ``expected`` were (Poisson)."""
+    term = total = math.exp(-expected)
+    for k in range(1, errors):
+        term *= expected / k
+        total += term
+    return 1.0 - total < _UNLIKELY
+
+
 def _share(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if check_number(attribute.name, value, minimum=0.0) >= 1.0:
         raise ValueError(f"{attribute.name} must be in [0, 1), got {value!r}")
@@ -165,10 +176,13 @@ class Backoff:
     or any response that asks to wait (``Retry-After``), always steps. Other
     errors (5xx, timeouts, dropped connections) step when no request sent
     since the last step up has gone through (a server failing every request is
-    backed off from step after step), or when they are at least
-    ``error_share`` of the scope's last 40 outcomes. So a few random errors
-    among many successes cost about one step: they neither ratchet the delay
-    up nor keep it from stepping back (they are still reported as the last
+    backed off from step after step), when they are at least
+    ``error_share`` of the scope's last 40 outcomes, or when they come far
+    more often than in the last window without a step (beyond a 1 in 10,000
+    chance: a rate limit that answers 503, met or probed, while random
+    errors come as often at any rate). So a few random errors among many
+    successes cost about one step: they neither ratchet the delay up nor
+    keep it from stepping back (they are still reported as the last
     signal). Each signal multiplies the delay in force (the policy's, AutoThrottle's, a
     header's pace or this backoff's own) by ``delay_factor``; the first step
     goes to at least ``min_delay``, and no step above ``max_delay``.
@@ -205,10 +219,11 @@ class Backoff:
     :param window: quiet seconds before each step back. Default 60.0.
     :param concurrency_factor: concurrency multiplier when the delay is maxed
         (0 < f < 1). Default 0.5.
-    :param error_share: the share of the last 40 outcomes that 5xx statuses
-        and exceptions must reach to step once a request has gone through
-        since the last step up (0 <= s < 1); 0 makes each one step, as a 429
-        does. Default 0.25.
+    :param error_share: the share of the last 40 outcomes at which 5xx
+        statuses and exceptions step once a request has gone through since
+        the last step up (fewer only if far more frequent than in the last
+        quiet window; 0 <= s < 1); 0 makes each one step, as a 429 does.
+        Default 0.25.
     :param headers_only: honour ``Retry-After``/``RateLimit`` headers but do not
         step the delay (used when :class:`Rampup` drives the scope).
 
@@ -267,12 +282,16 @@ class BackoffState(SlotState):
         "_cap",
         "_cap_next",
         "_cap_until",
+        "_counted_from",
         "_cut_from",
+        "_failed",
         "_forgot",
         "_good_delay",
         "_outcomes",
         "_pace_delay",
         "_pace_until",
+        "_quiet_share",
+        "_sent",
         "_signal_at",
         "_step_at",
         "_through",
@@ -313,6 +332,11 @@ class BackoffState(SlotState):
         self._pace_until = -INF
         self._outcomes: list[int] = []  # the last _OUTCOMES: 1 = a 5xx or exception, 0 = not
         self._through = False  # whether a request sent since the last step up went through
+        # Outcomes and 5xx or exceptions of requests sent at the delay in
+        # force, and the share of those at the last delay that stayed quiet.
+        self._sent = self._failed = 0
+        self._counted_from = -INF
+        self._quiet_share: float | None = None  # none measured yet
 
     def __repr__(self) -> str:
         return (
@@ -370,7 +394,7 @@ class BackoffState(SlotState):
         if info is not None:
             self._apply_headers(scope, info, now)
         if not config.is_signal(feedback):
-            self._count(feedback, error=False)
+            self._count(feedback, now, error=False)
             if self.active and now - max(self._signal_at, self._step_at) >= config.window:
                 self._step_back(scope, now)
             return
@@ -388,7 +412,7 @@ class BackoffState(SlotState):
             config.error_share
             and status != 429
             and (info is None or info.wait() is None)
-            and not self._count(feedback, error=True)
+            and not self._count(feedback, now, error=True)
         ):
             return
         self._signal_at = now
@@ -397,27 +421,49 @@ class BackoffState(SlotState):
             return  # in flight before the last step: part of that step
         self._step_up(scope, now)
 
-    def _count(self, feedback: Feedback, *, error: bool) -> bool:
+    def _count(self, feedback: Feedback, now: float, *, error: bool) -> bool:
         """Count an outcome; whether an error among the recent ones should step.
 
         It should when nothing sent since the last step up has gone through
-        (the step did not help: the server fails every request), or when errors
+        (the step did not help: the server fails every request), when errors
         are at least ``error_share`` of the last 40 outcomes (a large share,
-        at any rate). A few among many successes are taken for random ones.
+        at any rate), or when they come clearly more often than in the last
+        quiet window (a limit met, or its refusals, which stop below its
+        rate, while random errors come as often at any rate).
         """
-        share = self.config.error_share
-        if not share or self.config.headers_only:
+        config = self.config
+        if not config.error_share or config.headers_only:
             return True
         outcomes = self._outcomes
         outcomes.append(1 if error else 0)
         if len(outcomes) > _OUTCOMES:
             del outcomes[0]
-        if not error:
-            sent_at = feedback.sent_at
-            if sent_at is None or sent_at > self._step_at:
+        if now - self._counted_from >= config.window:
+            self._quiet(now)  # a window without a step: its errors are the usual share
+        sent_at = feedback.sent_at
+        if sent_at is None or sent_at > self._step_at:  # sent at the delay in force
+            self._sent += 1
+            if error:
+                self._failed += 1
+            else:
                 self._through = True
+        if not error:
             return True
-        return not self._through or sum(outcomes) >= share * _OUTCOMES
+        share = self._quiet_share
+        return (
+            not self._through
+            or sum(outcomes) >= config.error_share * _OUTCOMES
+            or (share is not None and _unlikely(self._failed, self._sent * share))
+        )
+
+    def _quiet(self, now: float) -> None:
+        """A window passed without a step: its share of errors is the usual one from now."""
+        # Three errors more: a window of a few sends that had none does not
+        # prove that errors never come (as the rule of three bounds a share
+        # that showed none in n at 95 %: 3 / n).
+        self._quiet_share = (self._failed + 3.0) / (self._sent + 3.0)
+        self._sent = self._failed = 0
+        self._counted_from = now
 
     # -- steps ---------------------------------------------------------------------
 
@@ -460,6 +506,8 @@ class BackoffState(SlotState):
         self._forgot = False
         self._step_at = now
         self._through = False
+        self._sent = self._failed = 0
+        self._counted_from = now
         logger.debug(
             "scope %s: backoff after %s, delay %.3f -> %.3f s, concurrency %s (level %d)",
             scope.name,
@@ -475,6 +523,8 @@ class BackoffState(SlotState):
         config = self.config
         old = self.step_delay
         self._step_at = now
+        if self._counted_from < now:  # (not already, by the feedback that came with it)
+            self._quiet(now)
         if self.cut is not None:
             raised = max(self.cut + 1, int(self.cut / config.concurrency_factor))
             if raised >= self._cut_from:
