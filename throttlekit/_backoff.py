@@ -34,6 +34,7 @@ INF = math.inf
 _OUTCOMES = 40
 #: How unlikely errors must be, at the last quiet window's share, to step.
 _UNLIKELY = 0.0001
+_UNLIKELY_Z = 4.0  # about the same in a normal's deviations (the Poisson tail is longer)
 
 #: HTTP statuses that mean "too fast" or "overloaded".
 DEFAULT_BACKOFF_HTTP_CODES: frozenset[int] = frozenset(
@@ -155,6 +156,8 @@ def _above_one(instance: object, attribute: attrs.Attribute[Any], value: object)
 
 def _unlikely(errors: int, expected: float) -> bool:
     """Whether ``errors`` or more are unlikely (under 0.01 %) where ``expected`` were (Poisson)."""
+    if expected > 50.0:  # the normal approximation (and no underflow of exp)
+        return errors >= expected + _UNLIKELY_Z * math.sqrt(expected)
     term = total = math.exp(-expected)
     for k in range(1, errors):
         term *= expected / k
@@ -183,9 +186,10 @@ class Backoff:
     errors come as often at any rate). So a few random errors among many
     successes cost about one step: they neither ratchet the delay up nor
     keep it from stepping back (they are still reported as the last
-    signal). Each signal multiplies the delay in force (the policy's, AutoThrottle's, a
-    header's pace or this backoff's own) by ``delay_factor``; the first step
-    goes to at least ``min_delay``, and no step above ``max_delay``.
+    signal). Each step multiplies the delay in force (the policy's,
+    AutoThrottle's, a header's pace or this backoff's own) by
+    ``delay_factor``; the first step goes to at least ``min_delay``, and no
+    step above ``max_delay``.
     Signals from requests that were already in
     flight when the last step was taken count as that same step, so a burst
     of 429s from parallel requests is one step, not ten.
@@ -193,8 +197,8 @@ class Backoff:
     When the delay is at ``max_delay`` and signals continue, the scope's
     concurrency is multiplied by ``concurrency_factor`` (never below 1).
 
-    After ``window`` seconds without a signal that steps, the scope takes one step back
-    toward its policy (concurrency first, then delay). Backoff remembers the
+    After ``window`` seconds without a signal that steps, the scope takes one
+    step back toward its policy (concurrency first, then delay). Backoff remembers the
     largest delay that drew a signal and the smallest that stayed quiet for
     a whole window, and each step back goes halfway between them (or divides
     by ``delay_factor`` while no edge is known); a signal returns to the last
