@@ -149,7 +149,10 @@ class Adaptive:
     Random errors do not move it: only when overload errors (5xx without
     ``Retry-After``, timeouts, dropped connections) are at least
     ``overload_share`` of the last 40 outcomes (and at least 10 of them) does
-    it cut rate and concurrency by ``overload_cut``. If after such a cut the
+    it cut rate and concurrency by ``overload_cut``. If nothing is accepted
+    between two cuts, the server is closed (a long window's limit spent, or
+    a server down): it waits, longer each time, and knocks once after each
+    wait, as after 429s. If after such a cut the
     sends pass without an overload error (40 accepted, or the hold) and
     they come back once the rate climbs past it, they are a rate limit's
     refusals (nginx's ``limit_req`` answers 503 by default), treated as
@@ -587,8 +590,16 @@ class AdaptiveState(SlotState):
             del outcomes[0]
 
     def _echo(self, sent_at: float) -> bool:
-        """Sent while the server's window still held the sends from before the last cut."""
-        return sent_at - self.cut_at < self.horizon
+        """Sent while the server's window still held the sends from before the last cut.
+
+        Not once a search up began after the cut: its sends go past what
+        the window held, and their refusals are its own.
+        """
+        phase_at = self.phase_at
+        searching = self.phase in ("start", "climb") and phase_at is not None
+        return sent_at - self.cut_at < self.horizon and not (
+            searching and sent_at >= phase_at > self.cut_at  # type: ignore[operator]
+        )
 
     def _overloaded(self) -> bool:
         outcomes = self.outcomes
@@ -968,7 +979,8 @@ class AdaptiveState(SlotState):
                 self.cut_tried, self.cut_random_at = 0.0, now
                 self.phase_at = now - self.hold_for
                 logger.debug("scope %s: errors below what got through: random ones", scope.name)
-        if self._overloaded():
+        if self._overloaded() or (self.empty and not echo and sent_at > self.cut_at):
+            # (Closed: a knock after the pause was refused too.)
             self._cut_for_overload(scope, now)
 
     def _widen(self, scope: ScopeView, now: float) -> None:
@@ -1011,6 +1023,18 @@ class AdaptiveState(SlotState):
 
     def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
         config = self.config
+        if self.cut_at > -INF and self.ok_since_cut == 0:
+            # Nothing accepted since the last cut: the server is closed for
+            # now (a long window's limit, or a server down). Wait, longer
+            # each time, and knock once after each wait, rather than send on
+            # at a lower rate (as a 429 does; see _on_throttle).
+            if not self.empty:
+                self.closed_at = self.cut_at
+            self.empty += 1
+            pause = min(config.max_hold, 0.5 * 2.0**self.empty)
+            self.blocked_until = max(self.blocked_until, now + pause)
+        else:
+            self.empty = 0
         sent = self._measured(now - 2.0, now, accepted=False)
         old_rate, old_limit = self.rate, self.limit
         base = min(self.rate, sent) if sent > 0 else self.rate
