@@ -654,12 +654,7 @@ class AdaptiveState(SlotState):
         self.cut_at = now
         self.ok_since_cut = 0
         if closed:
-            # Nothing accepted since the last cut: the server is closed for
-            # now. Wait, longer each time, rather than knock again and again.
-            if not self.empty:
-                self.closed_at = self.cut_at
-            self.empty += 1
-            pause = min(config.max_hold, 0.5 * 2.0**self.empty)
+            pause = self._close()
             edge = min(edge, (self.edge or edge) * config.overload_cut)
         else:
             self.empty = 0
@@ -681,6 +676,17 @@ class AdaptiveState(SlotState):
             edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
         self._set_edge(scope, edge, sent, wait, now, pause, self.phase)
         self.resumed_at = max(now + wait, self.blocked_until)
+
+    def _close(self) -> float:
+        """Nothing accepted since the last cut: the server is closed for now.
+
+        Wait, longer each time, and knock once after each wait, rather than
+        send on into it. Returns the wait.
+        """
+        if not self.empty:
+            self.closed_at = self.cut_at
+        self.empty += 1
+        return min(self.config.max_hold, 0.5 * 2.0**self.empty)
 
     def _concurrency_limit(self, scope: ScopeView, flying: int, sent_at: float, now: float) -> bool:
         """Whether refusals come at a number in flight, not at a rate: then cap that number.
@@ -1023,18 +1029,7 @@ class AdaptiveState(SlotState):
 
     def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
         config = self.config
-        if self.cut_at > -INF and self.ok_since_cut == 0:
-            # Nothing accepted since the last cut: the server is closed for
-            # now (a long window's limit, or a server down). Wait, longer
-            # each time, and knock once after each wait, rather than send on
-            # at a lower rate (as a 429 does; see _on_throttle).
-            if not self.empty:
-                self.closed_at = self.cut_at
-            self.empty += 1
-            pause = min(config.max_hold, 0.5 * 2.0**self.empty)
-            self.blocked_until = max(self.blocked_until, now + pause)
-        else:
-            self.empty = 0
+        closed = self.cut_at > -INF and self.ok_since_cut == 0
         sent = self._measured(now - 2.0, now, accepted=False)
         old_rate, old_limit = self.rate, self.limit
         base = min(self.rate, sent) if sent > 0 else self.rate
@@ -1046,6 +1041,10 @@ class AdaptiveState(SlotState):
         self.hold_for = config.hold
         self.cut_at = self.resumed_at = now
         self.ok_since_cut = 0
+        if closed:  # (a long window's limit spent, or a server down)
+            self.blocked_until = max(self.blocked_until, now + self._close())
+        else:
+            self.empty = 0
         limit = self.limit if self.limit is not None else max(1, scope.in_flight)
         self.limit = max(1, int(limit * config.overload_cut))
         self.limit_growing = False
