@@ -596,10 +596,10 @@ class AdaptiveState(SlotState):
         the window held, and their refusals are its own.
         """
         phase_at = self.phase_at
-        searching = self.phase in ("start", "climb") and phase_at is not None
-        return sent_at - self.cut_at < self.horizon and not (
-            searching and sent_at >= phase_at > self.cut_at  # type: ignore[operator]
-        )
+        searching = self.phase in ("start", "climb")
+        if searching and phase_at is not None and sent_at >= phase_at > self.cut_at:
+            return False
+        return sent_at - self.cut_at < self.horizon
 
     def _overloaded(self) -> bool:
         outcomes = self.outcomes
