@@ -5,13 +5,13 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 from ._backoff import DEFAULT_BACKOFF_EXCEPTIONS, Backoff
-from ._checks import at_least_one, check_number, positive
-from ._controller import SlotState
+from ._checks import above_zero_below_one, at_least_one, positive
+from ._controller import SlotState, remember_outcome
 from .headers import parse
 
 if TYPE_CHECKING:
@@ -32,8 +32,6 @@ _EDGE_HORIZON = 1.0
 #: Answered sends remembered (``[sent_at, accepted]``): the last two horizons, at most
 #: this many (above 128/s a request is under 1 % of the count; the state stays small).
 _SENDS = 256
-#: Outcomes remembered for the overload share.
-_OUTCOMES = 40
 #: Vegas thresholds: grow below this many requests queued at the server, shrink above the other.
 _QUEUE_LOW = 1.5
 _QUEUE_HIGH = 4.0
@@ -82,12 +80,6 @@ _HUNG_LATENCIES = 4.0
 
 #: The jitter of a scope paced at a measured limit: none.
 _EVEN = (0.0, 0.0)
-
-
-def _above_zero_below_one(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    check_number(attribute.name, value, minimum=0.0, strict=True)
-    if value >= 1.0:  # type: ignore[operator]
-        raise ValueError(f"{attribute.name} must be in (0, 1), got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -194,11 +186,11 @@ class Adaptive:
     """
 
     start_rate: float = attrs.field(default=4.0, validator=positive)
-    headroom: float = attrs.field(default=0.02, validator=_above_zero_below_one)
+    headroom: float = attrs.field(default=0.02, validator=above_zero_below_one)
     hold: float = attrs.field(default=10.0, validator=positive)
     max_hold: float = attrs.field(default=60.0, validator=positive)
-    overload_share: float = attrs.field(default=0.25, validator=_above_zero_below_one)
-    overload_cut: float = attrs.field(default=0.7, validator=_above_zero_below_one)
+    overload_share: float = attrs.field(default=0.25, validator=above_zero_below_one)
+    overload_cut: float = attrs.field(default=0.7, validator=above_zero_below_one)
     max_concurrency: int = attrs.field(default=256, validator=at_least_one)
 
     def __attrs_post_init__(self) -> None:
@@ -333,7 +325,7 @@ class AdaptiveState(SlotState):
         self.headers_short = False  # refused with quota left: the headers miss a limit
         # [sent_at, accepted (1 or 0)] of answered sends, oldest first.
         self.sends: list[list[float]] = []  # [sent_at, 1 or 0]
-        self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last _OUTCOMES
+        self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last OUTCOMES
         # Whether no overload error has come since the last overload cut (but
         # echoes of it), and whether such errors proved to be a rate limit's.
         self.errors_clean = False
@@ -434,7 +426,7 @@ class AdaptiveState(SlotState):
         if not (kind == "overload" and self.errors_limit and self._echo(sent_at)):
             # (An echo of a limit's refusal counts with that refusal: the
             # end of a fixed window refuses a run of sends at once.)
-            self._remember(1 if kind == "overload" else 0)
+            remember_outcome(self.outcomes, 1 if kind == "overload" else 0)
         if unexplained:
             wait = (info.retry_after if info is not None else None) or 0.0
             if sent_at > self.cut_at:
@@ -582,12 +574,6 @@ class AdaptiveState(SlotState):
         if len(accepted) < 3:
             return 0.0
         return (len(accepted) - 1) / (accepted[-1] - accepted[0])
-
-    def _remember(self, overload: int) -> None:
-        outcomes = self.outcomes
-        outcomes.append(overload)
-        if len(outcomes) > _OUTCOMES:
-            del outcomes[0]
 
     def _echo(self, sent_at: float) -> bool:
         """Sent while the server's window still held the sends from before the last cut.
@@ -985,7 +971,7 @@ class AdaptiveState(SlotState):
                 self.cut_tried, self.cut_random_at = 0.0, now
                 self.phase_at = now - self.hold_for
                 logger.debug("scope %s: errors below what got through: random ones", scope.name)
-        if self._overloaded() or (self.empty and not echo and sent_at > self.cut_at):
+        if self._overloaded() or (self.empty and not echo):
             # (Closed: a knock after the pause was refused too.)
             self._cut_for_overload(scope, now)
 

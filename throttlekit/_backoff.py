@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._checks import check_number, normalize_jitter, positive
-from ._controller import SlotState
+from ._checks import below_one, check_number, normalize_jitter, positive
+from ._controller import OUTCOMES, SlotState, remember_outcome
 
 if TYPE_CHECKING:
     from ._controller import Feedback, ScopeView
@@ -30,8 +30,6 @@ logger = logging.getLogger("throttlekit.backoff")
 
 INF = math.inf
 
-#: How many recent outcomes an error's share is counted over (see ``Backoff.error_share``).
-_OUTCOMES = 40
 #: How unlikely errors must be, at the last quiet window's share, to step.
 _UNLIKELY = 0.0001
 _UNLIKELY_Z = 4.0  # about the same in a normal's deviations (the Poisson tail is longer)
@@ -165,11 +163,6 @@ def _unlikely(errors: int, expected: float) -> bool:
     return 1.0 - total < _UNLIKELY
 
 
-def _share(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if check_number(attribute.name, value, minimum=0.0) >= 1.0:
-        raise ValueError(f"{attribute.name} must be in [0, 1), got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class Backoff:
     """Error-driven slowdown of a scope (on by default in every :class:`ScopePolicy`).
@@ -247,7 +240,7 @@ class Backoff:
     jitter: tuple[float, float] = attrs.field(default=(-0.1, 0.1), converter=normalize_jitter)
     window: float = attrs.field(default=60.0, validator=positive)
     concurrency_factor: float = attrs.field(default=0.5, validator=positive)
-    error_share: float = attrs.field(default=0.25, validator=_share)
+    error_share: float = attrs.field(default=0.25, validator=below_one)
     headers_only: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -334,7 +327,7 @@ class BackoffState(SlotState):
         self._signal_at = -INF  # the last signal that counted (random errors do not)
         self._pace_delay = 0.0
         self._pace_until = -INF
-        self._outcomes: list[int] = []  # the last _OUTCOMES: 1 = a 5xx or exception, 0 = not
+        self._outcomes: list[int] = []  # the last OUTCOMES: 1 = a 5xx or exception, 0 = not
         self._through = False  # whether a request sent since the last step up went through
         # Outcomes and 5xx or exceptions of requests sent at the delay in
         # force, and the share of those at the last delay that stayed quiet.
@@ -413,8 +406,7 @@ class BackoffState(SlotState):
         # A 429 or a wait the server asks for is meant; another error may be
         # random, and moves the scope only as one of many recent errors.
         if (
-            config.error_share
-            and status != 429
+            status != 429
             and (info is None or info.wait() is None)
             and not self._count(feedback, now, error=True)
         ):
@@ -438,10 +430,7 @@ class BackoffState(SlotState):
         config = self.config
         if not config.error_share or config.headers_only:
             return True
-        outcomes = self._outcomes
-        outcomes.append(1 if error else 0)
-        if len(outcomes) > _OUTCOMES:
-            del outcomes[0]
+        remember_outcome(self._outcomes, 1 if error else 0)
         if now - self._counted_from >= config.window:
             self._quiet(now)  # a window without a step: its errors are the usual share
         sent_at = feedback.sent_at
@@ -456,7 +445,7 @@ class BackoffState(SlotState):
         share = self._quiet_share
         return (
             not self._through
-            or sum(outcomes) >= config.error_share * _OUTCOMES
+            or sum(self._outcomes) >= config.error_share * OUTCOMES
             or (share is not None and _unlikely(self._failed, self._sent * share))
         )
 

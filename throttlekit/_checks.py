@@ -45,6 +45,21 @@ def optional_positive(instance: object, attribute: attrs.Attribute[Any], value: 
         check_number(attribute.name, value, minimum=0.0, strict=True)
 
 
+def below_one(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """A number in [0, 1) (ValueError naming the field otherwise)."""
+    _below_one(attribute.name, value, strict=False)
+
+
+def above_zero_below_one(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """A number in (0, 1) (ValueError naming the field otherwise)."""
+    _below_one(attribute.name, value, strict=True)
+
+
+def _below_one(name: str, value: object, *, strict: bool) -> None:
+    if check_number(name, value, minimum=0.0, strict=strict) >= 1.0:
+        raise ValueError(f"{name} must be in {'(' if strict else '['}0, 1), got {value!r}")
+
+
 def at_least_one(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     """An int >= 1 (ValueError naming the field otherwise)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -14,6 +14,17 @@ if TYPE_CHECKING:
 
 __all__ = ["BaseController", "Controller", "Feedback", "ScopeSnapshot", "ScopeView"]
 
+#: Outcomes remembered for the built-in controllers' error shares (Adaptive's
+#: overload share, Backoff's ``error_share``).
+OUTCOMES = 40
+
+
+def remember_outcome(outcomes: list[int], outcome: int) -> None:
+    """Append ``outcome`` (1 = an error, 0 = not), keeping the last :data:`OUTCOMES`."""
+    outcomes.append(outcome)
+    if len(outcomes) > OUTCOMES:
+        del outcomes[0]
+
 
 @attrs.frozen(kw_only=True)
 class Feedback:
