@@ -348,6 +348,30 @@ def test_a_long_window_is_learned_from_how_long_the_server_stays_closed(backend:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("limit", "window"), [(300, 60.0), (100, 10.0)])
+def test_a_long_window_that_tells_its_wait_is_paced_at_what_one_window_allowed(
+    limit: int, window: float, backend: str
+) -> None:
+    # N per sliding window, 429 with a Retry-After until a send leaves it:
+    # the first window is spent in seconds and the server says to wait most
+    # of it. After the wait the window lets go of the first run's sends one
+    # by one; held at what the last second got through, the scope ran at
+    # 77 % (300 per minute) and 84 % (100 per 10 s) of the limit.
+    server = QuotaServer(
+        limit=limit,
+        window=window,
+        sliding=True,
+        retry_after="reset",
+        latency=0.05,
+        reject_latency=0.001,
+    )
+    trace = _run(server, 120.0, backend)
+    assert _ok_rate(trace, 60, 120) >= 0.93 * limit / window
+    assert _refused(trace) < 0.01
+    assert_respects(trace, CEILING, retry_after=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("latency", [2.0, 5.0])
 def test_a_slow_api_is_measured_once_its_answers_are_in(latency: float, backend: str) -> None:
     # An LLM-style API: 3 requests per sliding second, answers in seconds,

@@ -114,7 +114,8 @@ class Adaptive:
       edge has not moved, that sends reach the server unevenly (the margin
       below the edge doubles, up to half). Refusals of requests sent within
       a second of the last cut are echoes of it. A server that stays closed
-      through pauses longer than it was open has a long window: the rate
+      through pauses longer than it was open, or tells a wait that long and
+      then lets the run's sends go one by one, has a long window: the rate
       becomes what got through over the time it took to reopen, and edges
       are counted over that window from then on (and while holding, a
       send waits until the window has room, as counted from its own
@@ -276,6 +277,7 @@ class AdaptiveState(SlotState):
         "run_ok",
         "sends",
         "target",
+        "told_wait",
         "widen_errors",
         "widen_from",
         "widen_off",
@@ -320,6 +322,9 @@ class AdaptiveState(SlotState):
         self.run_at: float | None = None  # when sending last began or reopened after a closure
         self.run_ok = 0  # requests sent since then and accepted
         self.closed_at = -INF  # when the server last closed (refusing through pauses)
+        # After a refusal that told to wait longer than the run had been open:
+        # [when the run began, what it got accepted, when the wait ended].
+        self.told_wait: list[float] | None = None
         self.resumed_at = INF  # when sending resumed after the last pause (inf: not yet sent)
         self.blocked_until = -INF
         self.headers_short = False  # refused with quota left: the headers miss a limit
@@ -610,6 +615,37 @@ class AdaptiveState(SlotState):
         flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
         if self._concurrency_limit(scope, flying, sent_at, now):
             return
+        told = self.told_wait
+        if told is not None and not self.run_ok + flying:
+            # Still closed after the wait it told: knock until it opens (see
+            # _reopened), the run counted from where it was.
+            self.told_wait = None
+            self.run_at, self.run_ok = told[0], int(told[1])
+        elif told is not None:
+            # The first refusal after a told wait longer than the run had
+            # been open, the server open again: if the run since has not got
+            # half as far, its window lets go of the last run's sends one by
+            # one (300 per sliding minute, sent in a few seconds), and the
+            # last run and its wait were one window, as when knocks find it
+            # closed (see _reopened). If it has, a fixed window reopened
+            # whole: refused at its end, told to wait until the next.
+            self.told_wait = None
+            run_at, accepted, reopened_at = told
+            if self.run_ok + flying < accepted / 2:
+                self.cut_at, self.ok_since_cut, self.empty = now, 0, 0
+                self._long_window(scope, reopened_at - run_at, accepted, now)
+                self.resumed_at = max(now + wait, self.blocked_until)
+                return
+        run_at = self.run_at
+        assert run_at is not None
+        if (
+            self.told_wait is None
+            and wait > horizon
+            and wait > sent_at - run_at
+            and self.run_ok > 1
+        ):
+            self.told_wait = [run_at, self.run_ok + flying, now + wait]
+            self.run_at, self.run_ok = now + wait, 0
         latency = self.latency
         slow = flying > 0 and latency is not None and latency > horizon / 2
         if slow:
@@ -875,13 +911,23 @@ class AdaptiveState(SlotState):
         edge, held for about a window before probing.
         """
         assert self.run_at is not None
-        window = sent_at - self.run_at
         self.empty = 0
         if sent_at - self.closed_at < self.closed_at - self.run_at:
             # Closed for less time than it had been open: a limit that moved,
             # not a long window; the refusals have measured it already.
             return
-        edge = max(self.run_ok - 1, 1) / window  # not counting this acceptance
+        # Not counting this acceptance: it opens the next window.
+        self._long_window(scope, sent_at - self.run_at, max(self.run_ok - 1, 1), now)
+        self.run_at, self.run_ok = sent_at, 1
+
+    def _long_window(self, scope: ScopeView, window: float, accepted: float, now: float) -> None:
+        """The server closed for longer than it had been open: its window is ``window``.
+
+        What it accepted from the start of the run is what one window
+        allows, so the run's average rate is the edge, held for about a
+        window before probing.
+        """
+        edge = accepted / window
         self.edge, self.edge_held = edge, False
         self.target = edge * (1.0 - self.margin)
         self.rate = min(self.target, edge * 0.9)
@@ -889,12 +935,11 @@ class AdaptiveState(SlotState):
         # Edges are counted, probes judged and echoes told over that window.
         self.horizon = window
         self.phase, self.phase_at = "recover", now
-        self.run_at, self.run_ok = sent_at, 1
         self.reason = (
             f"adaptive: closed for a long window, edge {edge:.3g}/s, holding {self.hold_for:g} s"
         )
         logger.debug(
-            "scope %s: reopened after %.1f s: %.3f/s over the window", scope.name, window, edge
+            "scope %s: closed for a long window of %.1f s: %.3f/s over it", scope.name, window, edge
         )
 
     def _stated_quota(self, scope: ScopeView, rate: float | None, now: float) -> None:
