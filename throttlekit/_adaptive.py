@@ -630,20 +630,15 @@ class AdaptiveState(SlotState):
             # closed (see _reopened). If it has, a fixed window reopened
             # whole: refused at its end, told to wait until the next.
             self.told_wait = None
-            run_at, accepted, reopened_at = told
+            began, accepted, reopened_at = told
             if self.run_ok + flying < accepted / 2:
                 self.cut_at, self.ok_since_cut, self.empty = now, 0, 0
-                self._long_window(scope, reopened_at - run_at, accepted, now)
+                self._long_window(scope, reopened_at - began, accepted, now)
                 self.resumed_at = max(now + wait, self.blocked_until)
                 return
         run_at = self.run_at
         assert run_at is not None
-        if (
-            self.told_wait is None
-            and wait > horizon
-            and wait > sent_at - run_at
-            and self.run_ok > 1
-        ):
+        if wait > horizon and wait > sent_at - run_at and self.run_ok > 1:
             self.told_wait = [run_at, self.run_ok + flying, now + wait]
             self.run_at, self.run_ok = now + wait, 0
         latency = self.latency
