@@ -2,10 +2,11 @@
 
 Every round trip of the backend is one ``EVALSHA`` sent here on a
 connection kept by the backend (taken from the client's pool once, reused
-without the pool's bookkeeping), with its arguments already encoded, and
-bounded in time by the caller: a Redis that hangs (stopped, or a network
-that drops packets) costs a caller at most the bound it gave, never the
-socket timeouts of the client.
+without the pool's bookkeeping), with its arguments already encoded, its
+reply read by :func:`read_reply` (the scripts' few reply types, straight
+from the connection's stream), and bounded in time by the caller: a Redis
+that hangs (stopped, or a network that drops packets) costs a caller at
+most the bound it gave, never the socket timeouts of the client.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "connect",
     "describe_failure",
     "pack",
+    "read_reply",
     "redact_url",
     "time_bound",
 ]
@@ -154,6 +156,65 @@ def pack(head: bytes, count: int, parts: Sequence[Any]) -> bytes:
     return b"".join([b"*%d\r\n" % (count + len(parts)), head, *map(bulk_of, parts)])
 
 
+async def read_reply(connection: Any) -> Any:
+    """Read one reply of a script call from ``connection``'s stream.
+
+    The scripts reply bulk strings, integers and arrays of those (or an
+    error): this reads them where redis-py's general reader (its parser's
+    buffers, decoding and timeouts) would cost a good part of a round trip.
+    The connection is used for nothing else between its calls, so nothing of
+    its reply stream is left in redis-py's parser.
+
+    :raises redis.exceptions.ResponseError: for an error reply (the class
+        redis-py gives it, e.g. ``NoScriptError``).
+    :raises redis.exceptions.ConnectionError: when the connection is closed
+        or broken.
+    """
+    reader = connection._reader
+    if reader is None:
+        raise redis_errors.ConnectionError("the connection is closed")
+    try:
+        reply = await _value(reader, connection._parser)
+    except (asyncio.IncompleteReadError, OSError) as exc:
+        raise redis_errors.ConnectionError(f"the connection broke ({type(exc).__name__})") from exc
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+async def _value(reader: asyncio.StreamReader, parser: Any) -> Any:
+    """One RESP value: bytes, an int, a list, ``None``, or the exception of an error reply."""
+    line = await reader.readuntil(b"\r\n")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"$":
+        size = int(rest)
+        return None if size < 0 else (await reader.readexactly(size + 2))[:-2]
+    if kind == b":":
+        return int(rest)
+    if kind in (b"*", b">"):
+        size = int(rest)
+        values = [await _value(reader, parser) for _ in range(size)]
+        if kind == b">":  # (a RESP3 push message, not the reply: skipped)
+            return await _value(reader, parser)
+        return None if size < 0 else values
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        return parser.parse_error(rest.decode("utf-8", "replace"))
+    if kind == b"_":
+        return None
+    raise redis_errors.InvalidResponse(f"unexpected reply type {kind!r}")
+
+
+async def _write(connection: Any, data: bytes) -> None:
+    """Write ``data`` on ``connection`` (connecting it first if it is not)."""
+    writer = connection._writer
+    if writer is None:
+        await connection.send_packed_command(data, check_health=False)
+    else:
+        writer.write(data)  # (small commands, each followed by a read: no drain)
+
+
 class Script:
     """A Lua script sent by its SHA1 (loaded on first use, and again after ``SCRIPT FLUSH``)."""
 
@@ -250,7 +311,7 @@ class Link:
             try:
                 # (One write for the calls posted meanwhile and this one.)
                 data = b"".join([*corked, command]) if corked else command
-                await connection.send_packed_command(data, check_health=False)
+                await _write(connection, data)
                 if (
                     later is not None
                     and script.sha in self._loaded
@@ -265,13 +326,13 @@ class Link:
                 if owed:
                     await self._settle(connection, owed)
                 try:
-                    reply = await connection.read_response()
+                    reply = await read_reply(connection)
                 except redis_errors.NoScriptError:
                     self._loaded.clear()  # (SCRIPT FLUSH, or a new server)
                     load = pack(b"", 0, (b"SCRIPT", b"LOAD", script.source))
-                    await connection.send_packed_command(load + command, check_health=False)
-                    await connection.read_response()
-                    reply = await connection.read_response()
+                    await _write(connection, load + command)
+                    await read_reply(connection)
+                    reply = await read_reply(connection)
             except redis_errors.ConnectionError as exc:
                 await self._drop(connection, owed, exc)
                 if kept and not attempt:
@@ -338,7 +399,7 @@ class Link:
         """Read the replies ``connection`` owes, oldest first, and hand each to its call."""
         while owed:
             try:
-                reply = await connection.read_response()
+                reply = await read_reply(connection)
             except redis_errors.ResponseError as exc:  # an error reply: still in step
                 if isinstance(exc, redis_errors.NoScriptError):
                     self._loaded.clear()
