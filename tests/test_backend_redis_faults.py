@@ -21,6 +21,7 @@ from _redis import RedisServer, fast, make_backend, read_line, worker_command
 import throttlekit
 from throttlekit import BackendUnavailable
 from throttlekit.backends._redis_leases import LocalLease
+from throttlekit.backends._redis_link import Deadlines
 
 pytestmark = pytest.mark.redis
 
@@ -220,3 +221,37 @@ async def test_timeout_holds_while_redis_hangs(
         assert len(messages) == 4
         assert all("no reply in time" in message for message in messages)
     await backend.aclose()
+
+
+@pytest.mark.anyio
+async def test_round_trip_bounds_share_one_timer() -> None:
+    deadlines = Deadlines()
+    never = anyio.Event()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await deadlines.bounded(never.wait(), 0.2)
+    assert 0.15 <= time.monotonic() - started < 1.0
+
+    async def reply_after(seconds: float) -> str:
+        await anyio.sleep(seconds)
+        return "reply"
+
+    results: dict[str, str] = {}
+
+    async def call(name: str, bound: float) -> None:
+        try:
+            results[name] = await deadlines.bounded(reply_after(0.3), bound)
+        except TimeoutError:
+            results[name] = "timeout"
+
+    # A shorter bound given after a longer one still ends its call in time.
+    async with anyio.create_task_group() as group:
+        group.start_soon(call, "long", 1.0)
+        await anyio.sleep(0.01)
+        group.start_soon(call, "short", 0.1)
+    assert results == {"long": "reply", "short": "timeout"}
+    # A cancellation from elsewhere stays a cancellation.
+    with anyio.move_on_after(0.1) as scope:
+        await deadlines.bounded(never.wait(), 5.0)
+    assert scope.cancelled_caught
+    assert "calls=0" in repr(deadlines)

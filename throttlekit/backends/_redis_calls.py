@@ -31,13 +31,13 @@ from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
 from ._redis_link import (
     UNAVAILABLE,
+    Deadlines,
     Link,
     Script,
     Settle,
     bulk,
     bulk_of,
     describe_failure,
-    time_bound,
 )
 from ._redis_state import STATE_FIELDS, PolicyArgs, feedback_write, parse_states, send_write
 
@@ -126,6 +126,7 @@ class ScriptCalls:
         seed: int | None,
     ) -> None:
         self.link = link
+        self.deadlines = Deadlines()
         self.prefix = prefix
         self.lease_time = lease_time
         self.release_timeout = release_timeout
@@ -218,8 +219,7 @@ class ScriptCalls:
         bound = self.command_timeout
         if deadline != INF:
             bound = min(bound, max(deadline - _now(), GRACE))
-        async with time_bound(bound):  # (asyncio's own: a fraction of an anyio scope's cost)
-            reply = await self.link.call(script, command, later=later)
+        reply = await self.deadlines.bounded(self.link.call(script, command, later=later), bound)
         if reply is not None:  # (a call sent without waiting proves nothing)
             self.link.answered()
         return reply

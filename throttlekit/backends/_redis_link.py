@@ -16,8 +16,8 @@ import logging
 import math
 import sys
 import urllib.parse
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
 
 import anyio
 
@@ -33,13 +33,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._errors import BackendUnavailable
 
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as time_bound
-else:  # pragma: no cover - redis-py depends on async-timeout there
-    from async_timeout import timeout as time_bound  # type: ignore[import-not-found,unused-ignore]
-
 __all__ = [
     "UNAVAILABLE",
+    "Deadlines",
     "Link",
     "Script",
     "Settle",
@@ -51,12 +47,13 @@ __all__ = [
     "pack",
     "read_reply",
     "redact_url",
-    "time_bound",
 ]
 
 logger = logging.getLogger("throttlekit.backends.redis")
 
 INF: Final = math.inf
+
+T = TypeVar("T")
 
 #: Errors that mean "Redis cannot be reached (or cannot take writes) now"
 #: (``TimeoutError``, an ``OSError``, and ``asyncio.TimeoutError``, the same
@@ -213,6 +210,94 @@ async def _write(connection: Any, data: bytes) -> None:
         await connection.send_packed_command(data, check_health=False)
     else:
         writer.write(data)  # (small commands, each followed by a read: no drain)
+
+
+class Deadlines:
+    """The time bounds of round trips, kept by one timer for them all.
+
+    ``asyncio.timeout`` schedules and cancels a timer per round trip, which
+    costs the event loop about as much as the rest of an uncontended call's
+    client work. Here a call only notes its deadline; one timer, set for the
+    earliest, cancels the calls that outlast theirs, and each of those raises
+    ``TimeoutError`` as under ``asyncio.timeout`` (a cancellation from
+    elsewhere stays a cancellation). While calls end in time, the timer is
+    moved only when a call's deadline comes before it, and goes off once per
+    ``command_timeout`` at most.
+    """
+
+    __slots__ = ("_at", "_calls", "_timer")
+
+    def __init__(self) -> None:
+        #: The calls under way: ``[deadline, task, expired]`` by ``id``.
+        self._calls: dict[int, list[Any]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = INF  # when the timer goes off
+
+    def __repr__(self) -> str:
+        return f"<Deadlines calls={len(self._calls)} timer at {self._at:g}>"
+
+    async def bounded(self, call: Awaitable[T], seconds: float) -> T:
+        """Await ``call``, cancelled after ``seconds``.
+
+        :raises TimeoutError: when ``seconds`` passed first.
+        """
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None
+        deadline = loop.time() + seconds
+        entry = [deadline, task, False]
+        key = id(entry)
+        self._calls[key] = entry
+        if deadline < self._at:
+            self._arm(loop, deadline)
+        cancelling = _cancelling(task)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if entry[2] and _uncancel(task) <= cancelling:
+                raise TimeoutError("no reply in time") from None
+            raise
+        finally:
+            del self._calls[key]
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(at, self._expire, loop)
+        self._at = at
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Cancel the calls past their deadline; set the timer for the next one."""
+        self._timer, self._at = None, INF
+        now = loop.time()
+        earliest = INF
+        for entry in self._calls.values():
+            deadline, task, expired = entry
+            if deadline <= now:
+                if not expired:
+                    entry[2] = True
+                    task.cancel()
+            elif deadline < earliest:
+                earliest = deadline
+        if earliest < INF:
+            self._arm(loop, earliest)
+
+
+if sys.version_info >= (3, 11):
+
+    def _cancelling(task: asyncio.Task[Any]) -> int:
+        return task.cancelling()
+
+    def _uncancel(task: asyncio.Task[Any]) -> int:
+        return task.uncancel()
+
+else:  # pragma: no cover - no cancellation counts: a cancel that came with ours is lost
+
+    def _cancelling(task: asyncio.Task[Any]) -> int:
+        return 0
+
+    def _uncancel(task: asyncio.Task[Any]) -> int:
+        return 0
 
 
 class Script:
