@@ -8,6 +8,7 @@ failing: ``test_backend_redis_faults.py``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import math
@@ -34,6 +35,7 @@ from redis.crc import key_slot
 import throttlekit
 from throttlekit import AutoThrottle, BackendUnavailable, ScopePolicy
 from throttlekit.backends import _redis_calls
+from throttlekit.backends._redis_link import read_reply
 from throttlekit.backends.redis import RedisBackend
 
 pytestmark = pytest.mark.redis
@@ -88,6 +90,28 @@ async def test_scripts_reload_after_script_flush(
     async with limiter.acquire(scopes="s") as permit:
         assert permit.scopes == {"s": 1.0}
     await backend.aclose()
+
+
+@pytest.mark.anyio
+async def test_script_replies_are_read_from_the_connection_stream() -> None:
+    connection = aioredis.Connection()
+    stream = asyncio.StreamReader()
+    stream.feed_data(
+        b"$5\r\n1,2,3\r\n"  # a grant: one string
+        b"*3\r\n:0\r\n$-1\r\n*2\r\n$1\r\na\r\n_\r\n"  # integers, nils, nested arrays
+        b">2\r\n$10\r\ninvalidate\r\n*0\r\n+OK\r\n"  # a RESP3 push before the reply
+        b"-NOSCRIPT No matching script\r\n"
+        b"$10\r\nabc"  # cut off by the end of the stream
+    )
+    stream.feed_eof()
+    connection._reader = stream
+    assert await read_reply(connection) == b"1,2,3"
+    assert await read_reply(connection) == [0, None, [b"a", None]]
+    assert await read_reply(connection) == b"OK"
+    with pytest.raises(redis.exceptions.NoScriptError):
+        await read_reply(connection)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await read_reply(connection)
 
 
 @pytest.mark.anyio
