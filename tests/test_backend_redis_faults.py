@@ -11,6 +11,7 @@ worker's slots come back when its leases expire.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -255,3 +256,16 @@ async def test_round_trip_bounds_share_one_timer() -> None:
         await deadlines.bounded(never.wait(), 5.0)
     assert scope.cancelled_caught
     assert "calls=0" in repr(deadlines)
+
+
+def test_round_trip_bounds_hold_on_another_event_loop() -> None:
+    deadlines = Deadlines()
+
+    async def hang(seconds: float) -> None:
+        await deadlines.bounded(asyncio.sleep(seconds), 0.2)
+
+    asyncio.run(hang(0.0))  # its loop ends with the timer still set for later
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        asyncio.run(hang(5.0))
+    assert time.monotonic() - started < 1.0

@@ -225,11 +225,12 @@ class Deadlines:
     ``command_timeout`` at most.
     """
 
-    __slots__ = ("_at", "_calls", "_timer")
+    __slots__ = ("_at", "_calls", "_loop", "_timer")
 
     def __init__(self) -> None:
         #: The calls under way: ``[deadline, task, expired]`` by ``id``.
         self._calls: dict[int, list[Any]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
         self._timer: asyncio.TimerHandle | None = None
         self._at = INF  # when the timer goes off
 
@@ -242,6 +243,8 @@ class Deadlines:
         :raises TimeoutError: when ``seconds`` passed first.
         """
         loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # (another event loop: the last one's timer went with it)
+            self._loop, self._timer, self._at, self._calls = loop, None, INF, {}
         task = asyncio.current_task(loop)
         assert task is not None
         deadline = loop.time() + seconds
@@ -258,7 +261,7 @@ class Deadlines:
                 raise TimeoutError("no reply in time") from None
             raise
         finally:
-            del self._calls[key]
+            self._calls.pop(key, None)
 
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None:
