@@ -600,7 +600,7 @@ class AdaptiveState(SlotState):
 
     def _on_throttle(self, scope: ScopeView, sent_at: float, now: float, wait: float) -> None:
         config = self.config
-        closed = self.cut_at > -INF and self.ok_since_cut == 0
+        closed = self._closed_since_cut()
         horizon = self.horizon
         if self._echo(sent_at):
             # An echo measures nothing. If nothing got through since the
@@ -693,6 +693,10 @@ class AdaptiveState(SlotState):
             edge = max(min(self.rate, sent) * config.overload_cut, 0.01)
         self._set_edge(scope, edge, sent, wait, now, pause, self.phase)
         self.resumed_at = max(now + wait, self.blocked_until)
+
+    def _closed_since_cut(self) -> bool:
+        """Whether nothing was accepted since the last cut (the server may be closed)."""
+        return self.cut_at > -INF and self.ok_since_cut == 0
 
     def _close(self) -> float:
         """Nothing accepted since the last cut: the server is closed for now.
@@ -1055,7 +1059,7 @@ class AdaptiveState(SlotState):
 
     def _cut_for_overload(self, scope: ScopeView, now: float) -> None:
         config = self.config
-        closed = self.cut_at > -INF and self.ok_since_cut == 0
+        closed = self._closed_since_cut()
         sent = self._measured(now - 2.0, now, accepted=False)
         old_rate, old_limit = self.rate, self.limit
         base = min(self.rate, sent) if sent > 0 else self.rate
