@@ -38,6 +38,10 @@ INF = math.inf
 # One object for every ledger's "never" (a new float per ledger would be one more
 # object to read from memory per acquire when many scopes take turns).
 NEVER = -INF
+# A ledger's listed_at when it is not in the scheduler's heap of idle scopes: this
+# very object, tested by identity (reading a listed ledger's own key, a float
+# elsewhere in memory, would be one more miss per release when many scopes take turns).
+UNLISTED = INF
 _EPSILON = 1e-9
 _NO_JITTER = (0.0, 0.0)
 
@@ -211,9 +215,9 @@ class ScopeLedger:
         self.timer_at = INF
         self.dirty = False
         # Its key in the scheduler's heap of idle scopes (see evictable_at), or
-        # inf when it is not listed there. A listed ledger that became busy, or
-        # was used again, is re-examined lazily when it reaches the heap's top.
-        self.listed_at = INF
+        # UNLISTED when it is not listed there. A listed ledger that became busy,
+        # or was used again, is re-examined lazily when it reaches the heap's top.
+        self.listed_at = UNLISTED
         self.controllers = build_controllers(policy)
         self.delay = policy.delay
         self.jitter = policy.jitter

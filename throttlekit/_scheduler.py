@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from ._controller import Feedback
-from ._ledger import QuotaEntry, ScopeLedger
+from ._ledger import UNLISTED, QuotaEntry, ScopeLedger
 from ._policy import ScopePolicy
 
 __all__ = ["GlobalGate", "Scheduler", "Ticket"]
@@ -186,7 +186,7 @@ class Scheduler:
 
     def _settle(self, ledger: ScopeLedger) -> None:
         """List ``ledger`` among the idle scopes if it just became idle and is not listed."""
-        if ledger.listed_at == INF and not (ledger.in_flight or ledger.waiting):
+        if ledger.listed_at is UNLISTED and not (ledger.in_flight or ledger.waiting):
             self._list(ledger, ledger.evictable_at())
 
     def _evict(self, now: float, room: int) -> None:
@@ -214,7 +214,7 @@ class Scheduler:
             self.looked += 1
             if ledger.in_flight or ledger.waiting:  # busy: relisted when idle again
                 heapq.heappop(heap)
-                ledger.listed_at = INF
+                ledger.listed_at = UNLISTED
                 continue
             key = ledger.evictable_at()
             if key > ledger.listed_at:  # used since, or still bound: move it to its place
@@ -224,7 +224,7 @@ class Scheduler:
             if len(scopes) <= limit and ledger.last_send > horizon:
                 return  # under the cap, and the least recently used was used recently
             heapq.heappop(heap)
-            ledger.listed_at = INF
+            ledger.listed_at = UNLISTED
             del scopes[ledger.name]
             # Never granted from again, even if a cache (the limiter's URL to
             # ledger map) still holds it: the fast path takes plain ledgers

@@ -25,7 +25,7 @@ from .._clock import now as _now
 from .._clock import now_or_monotonic
 from .._controller import Feedback
 from .._errors import Overloaded, ThrottleTimeout
-from .._ledger import ScopeLedger
+from .._ledger import UNLISTED, ScopeLedger
 from .._permit import Permit, _held_permits
 from .._policy import ScopePolicy
 from .._scheduler import CANCELLED, GRANTED, RELEASED, WAITING, Scheduler, Ticket
@@ -242,7 +242,7 @@ class MemoryPermit(Permit):
                 ledger.plain
                 and not ledger.waiting
                 and not gate.queue
-                and (ledger.in_flight > 1 or ledger.listed_at != INF)
+                and (ledger.in_flight > 1 or ledger.listed_at is not UNLISTED)
             ):
                 ledger.in_flight -= 1
                 gate.in_flight -= 1
@@ -263,7 +263,7 @@ class MemoryPermit(Permit):
                 ledger.plain
                 and not ledger.waiting
                 and not gate.queue
-                and (ledger.in_flight > 1 or ledger.listed_at != INF)
+                and (ledger.in_flight > 1 or ledger.listed_at is not UNLISTED)
             ):
                 ledger.in_flight -= 1
                 gate.in_flight -= 1
