@@ -304,7 +304,7 @@ class Simulation:
                 continue
             # Invariant 1: a waiting request holds nothing; a granted one holds all its scopes.
             assert ledger.in_flight == model.in_flight, name
-            assert ledger.waiting == sum(name in item.request.costs for item in waiting), name
+            assert ledger.in_line == sum(name in item.request.costs for item in waiting), name
 
     def check_after_dispatch(self) -> None:
         core, now = self.core, self.now
@@ -366,7 +366,7 @@ class Simulation:
         assert core.next_wake() == INF
         for ledger in core.scopes.values():
             assert ledger.in_flight == 0, ledger
-            assert ledger.waiting == 0, ledger
+            assert ledger.in_line == 0, ledger
             assert not ledger.queue, f"{ledger!r} still queues {ledger.queue}"
             assert ledger.idle, ledger
         assert not core.gate.queue
@@ -900,8 +900,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert core.scopes.get(ledger.name) is ledger, f"busy {ledger!r} was evicted"
         for name, ledger in core.scopes.items():
             assert ledger.in_flight == sum(ledger in t.ledgers for t in granted), name
-            assert ledger.waiting == sum(ledger in t.ledgers for t in waiting), name
-            assert ledger.idle == (ledger.in_flight == 0 and ledger.waiting == 0), name
+            assert ledger.in_line == sum(ledger in t.ledgers for t in waiting), name
+            assert ledger.idle == (ledger.in_flight == 0 and ledger.in_line == 0), name
             if ledger.policy.quota is not None:
                 ledger.expire(self.now)
                 live = sum(
@@ -928,7 +928,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert core.waiting == 0
         assert core.gate.in_flight == 0
         for ledger in core.scopes.values():
-            assert ledger.in_flight == ledger.waiting == 0
+            assert ledger.in_flight == ledger.in_line == 0
 
 
 SchedulerMachine.TestCase.settings = settings(

@@ -186,7 +186,7 @@ class Scheduler:
 
     def _settle(self, ledger: ScopeLedger) -> None:
         """List ``ledger`` among the idle scopes if it just became idle and is not listed."""
-        if ledger.listed_at is UNLISTED and not (ledger.in_flight or ledger.waiting):
+        if ledger.listed_at is UNLISTED and not (ledger.in_flight or ledger.in_line):
             self._list(ledger, ledger.evictable_at())
 
     def _evict(self, now: float, room: int) -> None:
@@ -212,7 +212,7 @@ class Scheduler:
             if ledger.listed_at > now:
                 return  # every listed scope still binds (or was used since it was listed)
             self.looked += 1
-            if ledger.in_flight or ledger.waiting:  # busy: relisted when idle again
+            if ledger.in_flight or ledger.in_line:  # busy: relisted when idle again
                 heapq.heappop(heap)
                 ledger.listed_at = UNLISTED
                 continue
@@ -290,7 +290,7 @@ class Scheduler:
             return True
         self.waiting += 1
         for ledger in ticket.ledgers:
-            ledger.waiting += 1
+            ledger.in_line += 1
         self._park(ticket, blocker)
         return False
 
@@ -300,7 +300,7 @@ class Scheduler:
             ticket.state = CANCELLED
             self.waiting -= 1
             for ledger in ticket.ledgers:
-                ledger.waiting -= 1
+                ledger.in_line -= 1
                 self._settle(ledger)
             if ticket.queue is not None:
                 self._mark(ticket.queue)
@@ -340,7 +340,7 @@ class Scheduler:
             if only is not None and ledger.name not in only:
                 continue
             ledger.on_feedback(feedback, now)
-            if ledger.waiting:
+            if ledger.in_line:
                 self._mark(ledger)
 
     # -- dispatch ------------------------------------------------------------------
@@ -426,7 +426,7 @@ class Scheduler:
         for ledger, cost in zip(ticket.ledgers, ticket.costs, strict=False):
             entries.append(ledger.grant(cost, now, rng))
             if waiting:
-                ledger.waiting -= 1
+                ledger.in_line -= 1
         if waiting:
             self.waiting -= 1
         ticket.quota_entries = tuple(entries)
@@ -439,7 +439,7 @@ class Scheduler:
     def _release(self, ticket: Ticket) -> None:
         for ledger in ticket.ledgers:
             ledger.release(ticket.granted_at)
-            if ledger.waiting:
+            if ledger.in_line:
                 self._mark(ledger)
             elif not ledger.in_flight:
                 self._settle(ledger)

@@ -65,7 +65,7 @@ class ScopeStatistics:
             delay=ledger.delay,
             concurrency=ledger.concurrency,
             in_flight=ledger.in_flight,
-            waiting=ledger.waiting,
+            waiting=ledger.in_line,
             quota=ledger.policy.quota,
             quota_used=ledger.quota_used,
             quota_left=ledger.quota_left,

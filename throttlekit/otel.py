@@ -398,7 +398,10 @@ class LimiterMetrics:
             else:
                 state = "normal"
             states[group, state] = states.get((group, state), 0) + 1
-            waiting[group] = waiting.get(group, 0) + scope.waiting
+            # (A ledger counts its waiting requests as in_line, statistics as waiting.)
+            waiting[group] = waiting.get(group, 0) + (
+                scope.waiting if self._shared else scope.in_line
+            )
             delay[group] = max(delay.get(group, 0.0), scope.delay)
             if limit is not None:
                 concurrency[group] = min(concurrency.get(group, limit), limit)

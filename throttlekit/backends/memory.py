@@ -80,7 +80,7 @@ class MemoryPermit(Permit):
     string with the default resolver: the limiter remembers the ledger of
     recent URLs, and finds a new URL's by its host), on a *plain* scope (no
     controller, quota, slot delay or jitter in force), with room now in that
-    scope and the global cap and nobody queued on either, is granted right
+    scope and the global cap and no request waiting for either, is granted right
     here, and given back the same way. Anything else takes the general path
     of :class:`Permit`.
 
@@ -121,7 +121,7 @@ class MemoryPermit(Permit):
                 ledger = limiter._local._ledgers.get(scopes)
             else:
                 ledger = None
-            if type(ledger) is ScopeLedger and ledger.plain and not ledger.queue:
+            if type(ledger) is ScopeLedger and ledger.plain and not ledger.in_line:
                 gate = limiter._local._gate
                 limit = gate.limit
                 concurrency = ledger.concurrency
@@ -173,7 +173,7 @@ class MemoryPermit(Permit):
             ledger = limiter._local._ledgers.get(scopes)
         else:
             ledger = None
-        if type(ledger) is ScopeLedger and ledger.plain and not ledger.queue:
+        if type(ledger) is ScopeLedger and ledger.plain and not ledger.in_line:
             gate = limiter._local._gate
             limit = gate.limit
             concurrency = ledger.concurrency
@@ -240,7 +240,7 @@ class MemoryPermit(Permit):
             gate = self._limiter._local._gate
             if (
                 ledger.plain
-                and not ledger.waiting
+                and not ledger.in_line
                 and not gate.queue
                 and (ledger.in_flight > 1 or ledger.listed_at is not UNLISTED)
             ):
@@ -261,7 +261,7 @@ class MemoryPermit(Permit):
             # stays listed among the idle ones (else Scheduler.release does it).
             if (
                 ledger.plain
-                and not ledger.waiting
+                and not ledger.in_line
                 and not gate.queue
                 and (ledger.in_flight > 1 or ledger.listed_at is not UNLISTED)
             ):
@@ -499,7 +499,7 @@ class MemoryBackend:
         stalled = [
             ledger
             for ledger, cost in zip(ticket.ledgers, ticket.costs, strict=False)
-            if ledger.waiting
+            if ledger.in_line
             and ledger.policy.max_stall is not None
             and ledger.stalled(cost, now) is not None
         ]
