@@ -177,9 +177,9 @@ class ScopeLedger:
     """
 
     # CPython lays slots out in alphabetical order: the fields the fast path reads
-    # (blocked_until to plain) fill the object's first 104 bytes, two cache lines
-    # as a rule, so a scope that is cold in the CPU caches costs few misses. A
-    # new field named within that range lengthens the fast path's reach.
+    # (blocked_until to plain) lie in the object's first 120 bytes, two cache
+    # lines as a rule, so a scope that is cold in the CPU caches costs few misses.
+    # A new field named within that range lengthens the fast path's reach.
     __slots__ = (
         "blocked_until",
         "concurrency",
