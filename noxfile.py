@@ -17,11 +17,25 @@ nox.options.error_on_missing_interpreters = True
 PYTHON = None
 
 
+#: Test modules that run in virtual time only (no servers, no sleeps, no subprocesses):
+#: nothing in them depends on the CPU being free, so they run on every core at once.
+VIRTUAL_TIME = ["tests/test_adaptive.py", "tests/test_scheduler.py"]
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Run the test suite (real local servers, a real redis-server when installed)."""
+    """Run the test suite (real local servers, a real redis-server when installed).
+
+    With arguments, they go to one pytest run as they are. Without, the
+    virtual-time modules run first on every core (pytest-xdist), then the
+    rest one test at a time: tests that time real servers keep the machine.
+    """
     session.install("-e", ".[all,test,benchmarks,docs]")
-    session.run("pytest", *session.posargs)
+    if session.posargs:
+        session.run("pytest", *session.posargs)
+        return
+    session.run("pytest", "-n", "auto", *VIRTUAL_TIME)
+    session.run("pytest", *(f"--ignore={module}" for module in VIRTUAL_TIME))
 
 
 #: The oldest Scrapy that ``pyproject.toml`` accepts, and the newest.
