@@ -348,6 +348,24 @@ def test_a_long_window_is_learned_from_how_long_the_server_stays_closed(backend:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_long_window_met_by_the_search_up_is_learned_though_it_reopens_soon(
+    backend: str,
+) -> None:
+    # 100 per sliding 10 s, "Retry-After: 1" whatever the wait: the search up
+    # spends the window in 5 s, mostly in its last second, and the window
+    # lets go of its first, sparse sends after another 5 s: closed for less
+    # time than it had been open. That was taken for a limit that moved, and
+    # the scope was held at what its knocks measured: 24 % of the limit.
+    server = QuotaServer(
+        limit=100, window=10.0, sliding=True, retry_after=1, latency=0.2, reject_latency=0.001
+    )
+    trace = _run(server, 120.0, backend)
+    assert _ok_rate(trace, 60, 120) >= 0.93 * 10.0
+    assert _refused(trace) < 0.02
+    assert_respects(trace, CEILING, retry_after=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("limit", "window"), [(300, 60.0), (100, 10.0)])
 def test_a_long_window_that_tells_its_wait_is_paced_at_what_one_window_allowed(
     limit: int, window: float, backend: str

@@ -114,7 +114,8 @@ class Adaptive:
       edge has not moved, that sends reach the server unevenly (the margin
       below the edge doubles, up to half). Refusals of requests sent within
       a second of the last cut are echoes of it. A server that stays closed
-      through pauses longer than it was open, or tells a wait that long and
+      through pauses longer than it was open (or at all, when it closed at
+      the first limit the search up met), or tells a wait that long and
       then lets the run's sends go one by one, has a long window: the rate
       becomes what got through over the time it took to reopen, and edges
       are counted over that window from then on (and while holding, a
@@ -231,6 +232,7 @@ class AdaptiveState(SlotState):
         "concurrency_edge",
         "config",
         "cut_at",
+        "cut_first",
         "cut_random_at",
         "cut_share",
         "cut_tried",
@@ -314,6 +316,7 @@ class AdaptiveState(SlotState):
         self.risen_to = 0.0
         self.horizon = _EDGE_HORIZON  # the server's window, as far as it has shown it
         self.cut_at = -INF  # requests sent before this are part of the last cut
+        self.cut_first = False  # whether that cut was the first limit a search up met
         self.cut_share = 0.0  # the share of overload errors that cut (0: tried lower since)
         self.cut_tried = 0.0  # while a hold is tried lower: the rate held before (else 0)
         self.cut_random_at = -INF  # when errors last came below what got through
@@ -675,6 +678,7 @@ class AdaptiveState(SlotState):
             edge = min(edge, (self.edge or edge) * config.overload_cut)
         else:
             self.empty = 0
+            self.cut_first = self.phase == "start" and self.risen_from is None
             if slow:
                 # The count waits for the answers of what was in flight
                 # (see _refine); until then, no faster than the target held
@@ -904,16 +908,20 @@ class AdaptiveState(SlotState):
     def _reopened(self, scope: ScopeView, sent_at: float, now: float) -> None:
         """The server accepts again after refusing through two or more pauses.
 
-        If it stayed closed longer than it had been open, its window is
-        longer than the horizon: what it accepted from the start of the run
-        to now is what one window allows, so the run's average rate is the
-        edge, held for about a window before probing.
+        If it closed at the first limit a search up met, or stayed closed
+        longer than it had been open, its window is longer than the horizon:
+        what it accepted from the start of the run to now is what one window
+        allows, so the run's average rate is the edge, held for about a
+        window before probing.
         """
         assert self.run_at is not None
         self.empty = 0
-        if sent_at - self.closed_at < self.closed_at - self.run_at:
-            # Closed for less time than it had been open: a limit that moved,
-            # not a long window; the refusals have measured it already.
+        if not self.cut_first and sent_at - self.closed_at < self.closed_at - self.run_at:
+            # Closed for less time than it had been open, after a limit was
+            # known: one that moved, not a long window; the refusals have
+            # measured it already. (A search up fills a sliding window with
+            # sends that come faster and faster, so the window lets go of
+            # the first, sparse ones sooner than the run took.)
             return
         # Not counting this acceptance: it opens the next window.
         self._long_window(scope, sent_at - self.run_at, max(self.run_ok - 1, 1), now)
@@ -1074,7 +1082,7 @@ class AdaptiveState(SlotState):
         if closed:  # (a long window's limit spent, or a server down)
             self.blocked_until = max(self.blocked_until, now + self._close())
         else:
-            self.empty = 0
+            self.empty, self.cut_first = 0, False
         limit = self.limit if self.limit is not None else max(1, scope.in_flight)
         self.limit = max(1, int(limit * config.overload_cut))
         self.limit_growing = False
