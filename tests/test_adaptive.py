@@ -365,6 +365,47 @@ def test_a_long_window_met_by_the_search_up_is_learned_though_it_reopens_soon(
     assert_respects(trace, CEILING, retry_after=True)
 
 
+@attrs.frozen
+class Banned:
+    """``server``, refusing every request with a bare ``status`` from ``start`` for ``length`` s."""
+
+    server: ServerModel
+    start_at: float
+    length: float
+    status: int = 429
+
+    def start(self, rng: random.Random) -> Responder:
+        respond = self.server.start(rng)
+
+        def answer(request: SimRequest, now: float) -> SimResponse:
+            if self.start_at <= now < self.start_at + self.length:
+                return SimResponse(status=self.status, latency=0.001)
+            return respond(request, now)
+
+        return answer
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("length", [5.0, 20.0])
+def test_after_a_ban_the_edge_is_searched_for_again(length: float, backend: str) -> None:
+    # 10 per sliding second held for 50 s, then every request refused for a
+    # while (a temporary ban, a server down). The knocks through the ban
+    # measure nothing; once it lifts, the scope searches up and finds the
+    # edge again. It was held at what the knocks had measured and crept
+    # back: after 5 s banned, 1, 4, 5, 16, 75, 88 requests per 10 s; after
+    # 20 s, 3 per 10 s for the rest of the run.
+    quota = QuotaServer(limit=10, window=1.0, sliding=True, retry_after=1, latency=0.05)
+    trace = _run(Banned(quota, 50.0, length), 120.0, backend)
+    lifted = 50.0 + length
+    # Knocks come after pauses doubling from 1 s, so the lift is seen by
+    # twice the ban's length at most; ten seconds later the edge is held.
+    back = 50.0 + 2 * length + 10.0
+    assert _ok_rate(trace, back, 120) >= 0.93 * 10.0
+    outside = [r for r in trace.requests if r.sent is not None and not 50 <= r.sent < lifted]
+    assert sum(1 for r in outside if r.status == 429) / len(outside) < 0.02
+    assert_respects(trace, CEILING, retry_after=True)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("limit", "window"), [(300, 60.0), (100, 10.0)])
 def test_a_long_window_that_tells_its_wait_is_paced_at_what_one_window_allowed(

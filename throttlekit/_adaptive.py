@@ -146,7 +146,10 @@ class Adaptive:
     it cut rate and concurrency by ``overload_cut``. If nothing is accepted
     between two cuts, the server is closed (a long window's limit spent, or
     a server down): it waits, longer each time, and knocks once after each
-    wait, as after 429s. If after such a cut the
+    wait, as after 429s. A server that closes on an edge it had held and
+    opens again sooner than it had been open (a ban lifted, a server back)
+    is searched up again as at the start: the knocks measured nothing. If
+    after such a cut the
     sends pass without an overload error (40 accepted, or the hold) and
     they come back once the rate climbs past it, they are a rate limit's
     refusals (nginx's ``limit_req`` answers 503 by default), treated as
@@ -918,10 +921,17 @@ class AdaptiveState(SlotState):
         self.empty = 0
         if not self.cut_first and sent_at - self.closed_at < self.closed_at - self.run_at:
             # Closed for less time than it had been open, after a limit was
-            # known: one that moved, not a long window; the refusals have
-            # measured it already. (A search up fills a sliding window with
-            # sends that come faster and faster, so the window lets go of
-            # the first, sparse ones sooner than the run took.)
+            # known: a limit that moved or a server that was down, not a long
+            # window. (A search up fills a sliding window with sends that
+            # come faster and faster, so the window lets go of the first,
+            # sparse ones sooner than the run took.) The knocks measured
+            # nothing, as nothing got through (nor did they see the limit
+            # move): search up from the rate they left, as at the start, and
+            # the next refusal measures the edge.
+            self.phase, self.phase_at = "start", now
+            self.edge, self.edge_held, self.risen_from, self.moved_at = None, False, None, -INF
+            self.reason = f"adaptive: open again, searching up from {self.rate:.3g}/s"
+            logger.debug("scope %s: open again after a closure: searching up", scope.name)
             return
         # Not counting this acceptance: it opens the next window.
         self._long_window(scope, sent_at - self.run_at, max(self.run_ok - 1, 1), now)
