@@ -113,7 +113,9 @@ class Adaptive:
       that moved may move back), or, if the
       edge has not moved, that sends reach the server unevenly (the margin
       below the edge doubles, up to half). Refusals of requests sent within
-      a second of the last cut are echoes of it. A server that stays closed
+      a second of the last cut are echoes of it (within its window, on a
+      long one: but one sent after the first second while nothing got
+      through since the cut is a knock, as when the server closes). A server that stays closed
       through pauses longer than it was open (or at all, when it closed at
       the first limit the search up met), or tells a wait that long and
       then lets the run's sends go one by one, has a long window: the rate
@@ -611,7 +613,12 @@ class AdaptiveState(SlotState):
         if self._echo(sent_at):
             # An echo measures nothing. If nothing got through since the
             # cut, give it a second before sending again.
-            if closed:
+            if closed and sent_at >= self.cut_at + _EDGE_HORIZON:
+                # Sent after that second, refused: a knock, as when the
+                # server closes (a fixed window spent before its end does
+                # not let go of sends as the window counted from them would).
+                self.blocked_until = max(self.blocked_until, now + self._close())
+            elif closed:
                 self.blocked_until = max(self.blocked_until, self.cut_at + _EDGE_HORIZON)
             return
         # What the server accepted in the second before the refused send:
