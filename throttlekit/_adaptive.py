@@ -132,7 +132,9 @@ class Adaptive:
     * **Concurrency** (capacity: latency grows with load). It compares the
       mean latency of each round of responses (30, or those of two seconds
       when they come slowly, at least 3) with the lowest
-      recent round mean and estimates the requests queued at the server
+      recent round mean (plus two standard errors of the round's mean when
+      latencies vary widely: the lowest of many noisy means is that far
+      below what a round takes) and estimates the requests queued at the server
       (``limit * (1 - lowest / mean)``): it grows the limit while the queue
       is under 1.5 requests and shrinks it above 4, never growing while the
       scope does not use what it has. For a server that serves only a few
@@ -1272,6 +1274,12 @@ class AdaptiveState(SlotState):
         floor = min(self.rtt_min, self.rtt_prev)
         if median <= 0 or floor == INF:
             return
+        if spread >= 0.5 * median:
+            # Varied service times (an exponential's round means vary by a
+            # fifth over 30): the floor, the lowest of many round means, is
+            # about two standard errors of one below what a round takes, and
+            # read as a queue that held a server of 16 workers at 10 or so.
+            floor = min(median, floor + 2.0 * spread / math.sqrt(size))
         queue = limit * (1.0 - floor / median)
         ceiling = scope.policy.concurrency
         top = ceiling if ceiling is not None else self.config.max_concurrency
