@@ -132,9 +132,10 @@ class Adaptive:
     * **Concurrency** (capacity: latency grows with load). It compares the
       mean latency of each round of responses (30, or those of two seconds
       when they come slowly, at least 3) with the lowest
-      recent round mean (plus two standard errors of the round's mean when
-      latencies vary widely: the lowest of many noisy means is that far
-      below what a round takes) and estimates the requests queued at the server
+      recent round mean (plus two standard errors of the round's mean, up
+      to half that mean, when latencies vary widely: the lowest of many
+      noisy means is that far below what a round takes) and estimates the
+      requests queued at the server
       (``limit * (1 - lowest / mean)``): it grows the limit while the queue
       is under 1.5 requests and shrinks it above 4, never growing while the
       scope does not use what it has. For a server that serves only a few
@@ -1279,7 +1280,10 @@ class AdaptiveState(SlotState):
             # fifth over 30): the floor, the lowest of many round means, is
             # about two standard errors of one below what a round takes, and
             # read as a queue that held a server of 16 workers at 10 or so.
-            floor = min(median, floor + 2.0 * spread / math.sqrt(size))
+            # At most half the floor: a few slow answers among many fast ones
+            # (a cache in front of an origin) vary the means so much that two
+            # standard errors would hide the origin's queue.
+            floor = min(median, floor + min(2.0 * spread / math.sqrt(size), 0.5 * floor))
         queue = limit * (1.0 - floor / median)
         ceiling = scope.policy.concurrency
         top = ceiling if ceiling is not None else self.config.max_concurrency
