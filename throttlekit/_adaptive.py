@@ -113,12 +113,13 @@ class Adaptive:
       that moved may move back), or, if the
       edge has not moved, that sends reach the server unevenly (the margin
       below the edge doubles, up to half). Refusals of requests sent within
-      a second of the last cut are echoes of it (within its window, on a
-      long one: but one sent after the first second while nothing got
-      through since the cut is a knock, as when the server closes). A server that stays closed
-      through pauses longer than it was open (or at all, when it closed at
-      the first limit the search up met), or tells a wait that long and
-      then lets the run's sends go one by one, has a long window: the rate
+      a second of the last cut (within its window, on a long one) are
+      echoes of it, but one sent after the first second while nothing got
+      through since the cut is a knock, as when the server closes. A server
+      that stays closed through pauses longer than it was open (or at all,
+      when it closed at the first limit the search up met), or tells a wait
+      that long and then lets the run's sends go one by one, has a long
+      window: the rate
       becomes what got through over the time it took to reopen, and edges
       are counted over that window from then on (and while holding, a
       send waits until the window has room, as counted from its own
@@ -925,7 +926,8 @@ class AdaptiveState(SlotState):
         longer than it had been open, its window is longer than the horizon:
         what it accepted from the start of the run to now is what one window
         allows, so the run's average rate is the edge, held for about a
-        window before probing.
+        window before probing. Else (it closed on an edge it had held, and
+        for less time) it searches up again as at the start.
         """
         assert self.run_at is not None
         self.empty = 0
