@@ -496,6 +496,104 @@ def test_refusals_while_holding_widen_the_margin_below_the_edge() -> None:
     assert adaptive.margin == 0.16
 
 
+#: Limits beyond the benchmark's sites, each kind at another size, window, wait
+#: or latency: (server, allowed rate, the share of it required over the
+#: second half of 120 s, the share of requests that may be refused). The
+#: floors are what Adaptive does today less a few points, so a change that
+#: helps one kind of site at another's cost shows. Some are known weak (the
+#: comments say why); the numbers before this session's fixes are noted.
+SWEEP: dict[str, tuple[ServerModel, float, float, float]] = {
+    "2 per sliding second, bare 429, 200 ms": (
+        QuotaServer(limit=2, window=1.0, sliding=True, retry_after=None, latency=0.2),
+        2.0,
+        0.9,
+        0.03,
+    ),
+    "50 per sliding second, Retry-After, 200 ms": (
+        QuotaServer(limit=50, window=1.0, sliding=True, latency=0.2, reject_latency=0.001),
+        50.0,
+        0.93,
+        0.01,
+    ),
+    "20 per sliding 5 s, bare 429, 200 ms (was 62 %, 6.7 % refused)": (
+        QuotaServer(
+            limit=20, window=5.0, sliding=True, retry_after=None, latency=0.2, reject_latency=0.001
+        ),
+        4.0,
+        0.88,
+        0.03,
+    ),
+    # Weak: the one-second horizon overstates a 5 s window's rate.
+    "20 per sliding 5 s, Retry-After until a send leaves it": (
+        QuotaServer(limit=20, window=5.0, sliding=True, latency=0.02, reject_latency=0.001),
+        4.0,
+        0.78,
+        0.035,
+    ),
+    # Weak: a fixed window's one-second count at a refusal is up to twice its limit.
+    "10 per fixed second, bare 429": (
+        QuotaServer(limit=10, window=1.0, retry_after=None, latency=0.05, reject_latency=0.001),
+        10.0,
+        0.7,
+        0.03,
+    ),
+    "10 per fixed 2 s, draft-10 headers, 200 ms": (
+        QuotaServer(
+            limit=10,
+            window=2.0,
+            retry_after=None,
+            rate_limit_headers="ietf",
+            latency=0.2,
+            reject_latency=0.001,
+        ),
+        5.0,
+        0.95,
+        0.0,
+    ),
+    # At most w / (w + latency) = 83 %: a window's last answer announces a
+    # whole second from when it leaves the server.
+    "10 per fixed second, draft-10 headers, 200 ms": (
+        QuotaServer(
+            limit=10,
+            window=1.0,
+            retry_after=None,
+            rate_limit_headers="ietf",
+            latency=0.2,
+            reject_latency=0.001,
+        ),
+        10.0,
+        0.8,
+        0.0,
+    ),
+    # Weak: each refusal costs a whole second's wait where a tenth would do.
+    "leaky bucket of 10/s, Retry-After in whole seconds": (
+        BucketServer(rate=10.0, retry_after="reset", latency=0.05, reject_latency=0.001),
+        10.0,
+        0.72,
+        0.02,
+    ),
+    "token bucket of 10/s holding 20, bare 429": (
+        BucketServer(rate=10.0, capacity=20, latency=0.05, reject_latency=0.001),
+        10.0,
+        0.93,
+        0.035,
+    ),
+}
+
+
+@pytest.mark.parametrize("site", sorted(SWEEP))
+def test_sites_beyond_the_benchmark_are_used_without_refusals(site: str) -> None:
+    # asyncio only: the trio runs of the sites above cover the other backend.
+    server, rate, share, refused = SWEEP[site]
+    trace = simulate(
+        CEILING, server, burst(URL, int(rate * 120 * 1.3) + 50), duration=120.0, backend="asyncio"
+    )
+    assert _ok_rate(trace, 60, 120) >= share * rate
+    sent = [r for r in trace.requests if r.sent is not None]
+    assert sum(1 for r in sent if r.status != 200) / len(sent) <= refused
+    assert_respects(trace, CEILING, retry_after=True)
+
+
 # -- load, errors, overload -------------------------------------------------------------
 
 
