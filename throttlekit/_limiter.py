@@ -29,7 +29,6 @@ __all__ = ["Limiter", "Permit"]
 logger = logging.getLogger("throttlekit")
 
 _by_host = _scopes.by_host
-_new = object.__new__
 #: Most URL strings whose scope (host) a limiter remembers: more than the
 #: default ``max_scopes``, so a round-robin over that many hosts stays cached.
 _HOSTS_MAX = 131_072
@@ -141,6 +140,10 @@ class Limiter:
         # The scope of each URL string seen lately, with the default resolver:
         # its name, or (once granted in memory) its ledger, for the fast path.
         self._hosts: dict[str, Any] = {}
+        # What the fast path of MemoryPermit reads, one attribute away: the
+        # in-memory scope ledgers by name, and the global cap.
+        self._ledgers = local.core.scopes
+        self._gate = local.core.gate
 
     def __repr__(self) -> str:
         return f"<Limiter {self._backend!r}>"
@@ -247,9 +250,9 @@ class Limiter:
         """
         if type(priority) is not int or timeout is not None or (request is None and scopes is None):
             _check_acquire(request, priority, timeout, scopes)
-        # Made here, not by a constructor call: a permit per request is the
-        # hot path (see Permit for what each field means).
-        permit: Permit = _new(self._permit_type)
+        # Its fields are set here, not by an __init__: a permit per request is
+        # the hot path (see Permit for what each field means).
+        permit: Permit = self._permit_type()
         permit._limiter = self
         permit._request = request
         permit._scopes = scopes

@@ -67,7 +67,7 @@ def _ledger_of_new_url(limiter: Limiter, url: str) -> ScopeLedger | None:
     scope exists (the default resolver's host); remembered from now on."""
     if limiter._resolver is not by_host:
         return None
-    ledger = limiter._local._ledgers.get(limiter._host_of(url))
+    ledger = limiter._ledgers.get(limiter._host_of(url))
     if ledger is not None:
         limiter._hosts[url] = ledger
     return ledger
@@ -118,11 +118,11 @@ class MemoryPermit(Permit):
                 else:
                     ledger = None
             elif type(scopes) is str:
-                ledger = limiter._local._ledgers.get(scopes)
+                ledger = limiter._ledgers.get(scopes)
             else:
                 ledger = None
             if type(ledger) is ScopeLedger and ledger.plain and not ledger.in_line:
-                gate = limiter._local._gate
+                gate = limiter._gate
                 limit = gate.limit
                 concurrency = ledger.concurrency
                 sole = limiter._sole
@@ -170,11 +170,11 @@ class MemoryPermit(Permit):
             else:
                 ledger = None
         elif type(scopes) is str:
-            ledger = limiter._local._ledgers.get(scopes)
+            ledger = limiter._ledgers.get(scopes)
         else:
             ledger = None
         if type(ledger) is ScopeLedger and ledger.plain and not ledger.in_line:
-            gate = limiter._local._gate
+            gate = limiter._gate
             limit = gate.limit
             concurrency = ledger.concurrency
             if (
@@ -237,7 +237,7 @@ class MemoryPermit(Permit):
                     self._unheld(task, top)
         if self._lease is _FAST_GRANTED:  # release's fast case, inline
             ledger = self._ledger
-            gate = self._limiter._local._gate
+            gate = self._limiter._gate
             if (
                 ledger.plain
                 and not ledger.in_line
@@ -256,7 +256,7 @@ class MemoryPermit(Permit):
         lease = self._lease
         if lease is _FAST_GRANTED:
             ledger = self._ledger
-            gate = self._limiter._local._gate
+            gate = self._limiter._gate
             # Inline when it frees nothing anybody waits for and the scope
             # stays listed among the idle ones (else Scheduler.release does it).
             if (
@@ -306,9 +306,6 @@ class MemoryBackend:
             max_idle=max_idle,
             rng=rng,
         )
-        # What the fast path of MemoryPermit reads, one attribute away.
-        self._ledgers = self.core.scopes
-        self._gate = self.core.gate
         self._timekeeper: Ticket | None = None
         self._armed = INF
         self._sleepers: deque[Ticket] = deque()
