@@ -146,3 +146,16 @@ def test_quick_run_measures_a_new_scope_at_the_cap_and_calls_per_op(
     assert (
         cap["throttlekit, no delay"]["scopes_after"] == cap["throttlekit, no delay"]["max_scopes"]
     )
+
+
+def test_instructions_per_operation_are_counted_under_valgrind() -> None:
+    instructions = pytest.importorskip("benchmarks.instructions")
+    if instructions.valgrind() is None:
+        pytest.skip("valgrind is not installed")
+    semaphore = instructions.count_instructions("asyncio_semaphore", 0, 2_000)
+    ours = instructions.count_instructions("throttlekit_url", 0, 2_000)
+    # An uncontended acquire+release runs thousands of instructions, and
+    # throttlekit's more than a bare Semaphore's (its start-up is taken out).
+    assert 1_000 < semaphore < ours < 100_000
+    with pytest.raises(ValueError, match="small < large"):
+        instructions.count_instructions("asyncio_semaphore", 10, 10)
