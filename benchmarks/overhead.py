@@ -192,7 +192,7 @@ def _instructions(config: RunConfig, result: SuiteResult, factory_of: dict[str, 
             counts[label] = count_instructions(factory_of[label])
     reference = counts.get("asyncio.Semaphore")
     table = Table(
-        "Instructions per operation (valgrind cachegrind): the same on any CPU",
+        "Instructions per operation (valgrind cachegrind), independent of the CPU",
         ["limiter", "instructions/op", "vs asyncio.Semaphore"],
     )
     for label, count in counts.items():
@@ -203,10 +203,11 @@ def _instructions(config: RunConfig, result: SuiteResult, factory_of: dict[str, 
         "instructions/op counts what one uncontended acquire+release executes (valgrind's "
         "cachegrind, CPython as installed; the difference between 120,000 and 20,000 "
         "operations in a fresh process each, after a warmup, over 100,000). Unlike the "
-        "timings it does not depend on the CPU or on the machine's load, so a change in the "
-        "fast path shows in it exactly. The time an instruction takes differs between CPUs "
-        "and between kinds of work (a clock read, a dictionary lookup, an allocation, a "
-        "coroutine switch), so the ratio of instructions and the ratio of times differ."
+        "timings it does not depend on the CPU or on the machine's load (it varies by a few "
+        "tenths of a percent between runs), so a change in the fast path shows in it. The "
+        "time an instruction takes differs between CPUs and between kinds of work (a clock "
+        "read, a dictionary lookup, an allocation, a coroutine switch), so the ratio of "
+        "instructions and the ratio of times differ."
     )
 
 
