@@ -177,7 +177,7 @@ class ScopeLedger:
     """
 
     # CPython lays slots out in alphabetical order: the fields the fast path reads
-    # (blocked_until to plain) lie in the object's first 120 bytes, two cache
+    # (concurrency to plain) lie in the object's first 120 bytes, two cache
     # lines as a rule, so a scope that is cold in the CPU caches costs few misses.
     # A new field named within that range lengthens the fast path's reach.
     __slots__ = (
@@ -289,13 +289,19 @@ class ScopeLedger:
         self._update_plain()
 
     def _update_plain(self) -> None:
-        """Whether only concurrency, delay and a server block bind it (the fast path applies)."""
+        """Whether only concurrency and delay bind it (the fast path applies).
+
+        A server block comes from controllers, so a scope without them is never
+        blocked; the last condition says so where the fast path relies on it
+        (it does not look at ``blocked_until``).
+        """
         policy = self.policy
         self.plain = (
             not self.controllers
             and policy.quota is None
             and not policy.slot_delay
             and self.jitter == _NO_JITTER
+            and self.blocked_until == NEVER
         )
 
     def on_feedback(self, feedback: Feedback, now: float) -> None:

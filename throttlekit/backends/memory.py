@@ -131,7 +131,6 @@ class MemoryPermit(Permit):
                     (limit is None or (gate.in_flight < limit and not gate.queue))
                     and (concurrency is None or ledger.in_flight < concurrency)
                     and ledger.next_send_at <= now
-                    and ledger.blocked_until <= now
                     # A task that holds a permit of this limiter nests: general path.
                     and (task not in held if sole is None else sole._task is not task)
                 ):
@@ -181,7 +180,6 @@ class MemoryPermit(Permit):
                 (limit is None or (gate.in_flight < limit and not gate.queue))
                 and (concurrency is None or ledger.in_flight < concurrency)
                 and ledger.next_send_at <= now
-                and ledger.blocked_until <= now
             ):
                 ledger.in_flight += 1
                 ledger.factor = 1.0
