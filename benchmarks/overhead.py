@@ -120,8 +120,9 @@ async def _uncontended(config: RunConfig, result: SuiteResult) -> None:
     result.notes.append(
         "Besides a Semaphore's counter, throttlekit's uncontended acquire makes a permit, "
         "finds the URL's scope (a dict of recent URLs to their scopes' ledgers), reads the "
-        "clock, checks the scope's concurrency, "
-        "delay and server block and the global cap, and, in 'async with', records the "
+        "clock, checks the scope's concurrency and delay (a scope without controllers, "
+        "quota, slot delay or jitter: any of them takes the general path) and the global "
+        "cap, and, in 'async with', records the "
         "permit with its task so that acquires nested in the block share its scopes; "
         "acquire_nowait records nothing (nothing nests in a 'with' block)."
     )
