@@ -175,4 +175,51 @@ async def test_permits_granted_on_the_fast_path_nest_like_any_other() -> None:
     async with limiter.acquire(URL) as after:  # nothing is held: not nested
         assert after.scopes == {HOST: 1.0}
     assert limiter.statistics().in_flight == 0
-    assert (limiter._held, limiter._sole) == ({}, None)
+    assert limiter._holds is None
+
+
+@both_backends
+async def test_many_tasks_nesting_at_random_with_cancellations_leave_nothing_held() -> None:
+    # 60 tasks, each entering permits nested up to three deep on two hosts (the
+    # fast path and the general path alike, as held permits come and go), some
+    # cancelled at a random point: an acquire inside a block of its own task
+    # always nests (it takes no scope the block holds), and once all are done
+    # nothing is in flight and nothing is held.
+    import random
+
+    rng = random.Random(7)
+    limiter = throttlekit.Limiter(
+        default=throttlekit.ScopePolicy(concurrency=3, delay=0, slot_delay=0), concurrency=8
+    )
+    urls = [f"https://h{i}.example.com/page" for i in range(2)]
+    wrong: list[str] = []
+
+    async def nest(depth: int, held: set[str], first: int) -> None:
+        # Hosts in one order only (h0 before h1), as with locks: a task holding
+        # h1 that waits for h0 while another holds h0 and waits for h1 would
+        # deadlock on any limiter.
+        index = rng.randrange(first, len(urls))
+        url = urls[index]
+        async with limiter.acquire(url) as permit:
+            host = url.split("/")[2]
+            if host in held and permit.scopes:
+                wrong.append(f"{host} held, yet taken again: {permit.scopes}")
+            for _ in range(rng.randrange(3)):
+                await anyio.lowlevel.checkpoint()
+            if depth < 3 and rng.random() < 0.6:
+                await nest(depth + 1, held | {host}, index)
+
+    async def task() -> None:
+        for _ in range(20):
+            with anyio.CancelScope() as scope:
+                if rng.random() < 0.3:
+                    scope.deadline = anyio.current_time() + rng.random() * 0.002
+                await nest(1, set(), 0)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            for _ in range(60):
+                group.start_soon(task)
+    assert wrong == []
+    assert limiter.statistics().in_flight == 0
+    assert limiter._holds is None

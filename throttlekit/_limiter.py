@@ -133,10 +133,10 @@ class Limiter:
         # general Permit. Instrumentation (throttlekit.otel) swaps in a
         # subclass that records metrics, so a limiter without it pays nothing.
         self._permit_type: type[Permit] = getattr(self._backend, "permit_type", Permit)
-        # The innermost permit each task holds in ``async with`` (see Permit._hold),
-        # or the only permit held, if one alone is (see _permit._held_permits).
-        self._held: dict[object, Permit] = {}
-        self._sole: Permit | None = None
+        # The permits held in ``async with`` blocks (for nested acquires): None,
+        # the only one held, or the innermost one of each task by task (see
+        # _permit._held_permits).
+        self._holds: Permit | dict[object, Permit] | None = None
         # The scope of each URL string seen lately, with the default resolver:
         # its name, or (once granted in memory) its ledger, for the fast path.
         self._hosts: dict[str, Any] = {}

@@ -29,29 +29,37 @@ __all__ = ["Permit"]
 def _held_permits(limiter: Limiter) -> dict[object, Permit]:
     """The innermost permit each task holds in ``async with`` blocks of ``limiter``.
 
-    While one permit alone is held, the fast path of the in-memory backend
-    keeps it as ``limiter._sole`` instead (two attribute writes cost less than
-    a dict insert and pop, on every uncontended acquire): it moves into the
-    dict here, as soon as anything else needs the dict.
+    The limiter keeps them in ``limiter._holds``: ``None`` while none is held,
+    the permit itself while one alone is (the fast path of the in-memory
+    backend tests and sets that one field on every uncontended acquire, which
+    costs less than a dict insert and pop), else this dict, made here as soon
+    as anything needs it, and dropped when it empties (see :meth:`Permit._unheld`).
     """
-    held = limiter._held
-    sole = limiter._sole
-    if sole is not None:
-        limiter._sole = None
-        held[sole._task] = sole
+    holds = limiter._holds
+    if isinstance(holds, dict):
+        return holds
+    held: dict[object, Permit] = {}
+    if holds is not None:
+        held[holds._task] = holds
+    limiter._holds = held
     return held
 
 
 def _holds_of(limiter: Limiter, task: object) -> list[Permit]:
     """The permits of ``limiter`` that ``task`` holds in ``async with`` blocks, outermost first."""
-    holds = []
-    hold = _held_permits(limiter).get(task)
+    holds = limiter._holds
+    hold: Permit | None
+    if isinstance(holds, dict):
+        hold = holds.get(task)
+    else:
+        hold = holds if holds is not None and holds._task is task else None
+    found = []
     while hold is not None:
         if hold._task is not None:
-            holds.append(hold)
+            found.append(hold)
         hold = hold._outer
-    holds.reverse()
-    return holds
+    found.reverse()
+    return found
 
 
 def _only(scopes: Iterable[str], granted: Mapping[str, float]) -> frozenset[str]:
@@ -217,11 +225,16 @@ class Permit:
         """The ``async with`` block is left: acquires of its task no longer nest in it."""
         task = self._task
         self._task = None
-        self._unheld(task, _held_permits(self._limiter).pop(task, None))
+        limiter = self._limiter
+        if limiter._holds is self:  # held alone: nothing nested in it
+            limiter._holds = None
+        else:
+            self._unheld(task, _held_permits(limiter).pop(task, None))
 
     def _unheld(self, task: object, top: Permit | None) -> None:
         """The rest of :meth:`_unhold` once ``top``, the task's innermost hold, is popped."""
-        held = self._limiter._held
+        limiter = self._limiter
+        held = _held_permits(limiter)
         if top is self:
             outer = self._outer
             while outer is not None and outer._task is None:
@@ -231,6 +244,8 @@ class Permit:
             self._outer = None
         elif top is not None:  # left before a permit entered inside it: that one stays
             held[task] = top
+        if not held:  # nothing held any more: the fast path's test is one field again
+            limiter._holds = None
 
     def _held_scopes(self) -> set[str]:
         """The scopes this permit holds: its own and those it shares with enclosing ones."""

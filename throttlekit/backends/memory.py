@@ -125,14 +125,20 @@ class MemoryPermit(Permit):
                 gate = limiter._gate
                 limit = gate.limit
                 concurrency = ledger.concurrency
-                sole = limiter._sole
-                held = limiter._held
+                holds = limiter._holds
                 if (
                     (limit is None or (gate.in_flight < limit and not gate.queue))
                     and (concurrency is None or ledger.in_flight < concurrency)
                     and ledger.next_send_at <= now
                     # A task that holds a permit of this limiter nests: general path.
-                    and (task not in held if sole is None else sole._task is not task)
+                    and (
+                        holds is None
+                        or (
+                            task not in holds
+                            if isinstance(holds, dict)
+                            else holds._task is not task
+                        )
+                    )
                 ):
                     ledger.in_flight += 1
                     ledger.factor = 1.0
@@ -144,8 +150,8 @@ class MemoryPermit(Permit):
                     self._lease = _FAST_GRANTED
                     if self._encloses:  # its task holds it (Permit._hold, inline)
                         self._task = task
-                        if sole is None and not held:
-                            limiter._sole = self
+                        if holds is None:
+                            limiter._holds = self
                         else:
                             _held_permits(limiter)[task] = self
                     return self
@@ -227,12 +233,15 @@ class MemoryPermit(Permit):
         if task is not None:  # Permit._unhold, its usual cases inline
             self._task = None
             limiter = self._limiter
-            if limiter._sole is self:  # held alone: nothing nested in it
-                limiter._sole = None
+            if limiter._holds is self:  # held alone: nothing nested in it
+                limiter._holds = None
             else:
-                top = _held_permits(limiter).pop(task, None)
+                held = _held_permits(limiter)
+                top = held.pop(task, None)
                 if top is not self or self._outer is not None:
                     self._unheld(task, top)
+                elif not held:
+                    limiter._holds = None
         if self._lease is _FAST_GRANTED:  # release's fast case, inline
             ledger = self._ledger
             gate = self._limiter._gate
