@@ -21,13 +21,20 @@ _STOCK_TIME = BaseEventLoop.time
 #: current_task() then asks asyncio).
 tasks: Mapping[Any, Any] = getattr(_asyncio_tasks, "_current_tasks", {})
 
+
+class _NoLoop:
+    """Stands for "no loop found yet": running in no thread."""
+
+    _thread_id = None
+
+
 # The asyncio loop last found running and its clock, replaced as one tuple so
 # that another thread's update is never seen half done. A loop runs in one
 # thread at a time and a thread runs one loop at a time, so while that loop's
 # ``_thread_id`` is the current thread, it is the running loop: checking that
 # avoids ``_get_running_loop()``, which makes a getpid() system call per call
-# on Python 3.11.
-_running: tuple[Any, Callable[[], float]] = (None, time.monotonic)
+# on Python 3.11. (Before any loop is found, a stand-in whose thread is none.)
+_running: tuple[Any, Callable[[], float]] = (_NoLoop(), time.monotonic)
 
 
 def now() -> float:
@@ -40,7 +47,7 @@ def now() -> float:
     uncontended acquire, so the asyncio case is taken directly.
     """
     loop, clock = _running
-    if loop is not None and loop._thread_id == get_ident():
+    if loop._thread_id == get_ident():
         return clock()
     return _find_clock()
 
@@ -59,7 +66,7 @@ def _find_clock() -> float:
 def current_task() -> object:
     """The running task (asyncio or trio), to compare by identity; ``None`` outside one."""
     loop = _running[0]
-    if loop is not None and loop._thread_id == get_ident():
+    if loop._thread_id == get_ident():
         task = tasks.get(loop)
         if task is not None:
             return task

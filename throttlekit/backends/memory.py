@@ -96,7 +96,7 @@ class MemoryPermit(Permit):
 
     async def __aenter__(self) -> Permit:
         loop, clock = _clock._running
-        if loop is not None and loop._thread_id == _get_ident():
+        if loop._thread_id == _get_ident():
             task = _tasks.get(loop)  # the running asyncio loop's task, read directly
             now = clock()
         else:
@@ -161,7 +161,7 @@ class MemoryPermit(Permit):
 
     def _enter_nowait(self) -> None:
         loop, clock = _clock._running
-        now = clock() if loop is not None and loop._thread_id == _get_ident() else _now()
+        now = clock() if loop._thread_id == _get_ident() else _now()
         # The grant of __aenter__ (the same lines: keep them alike), then the
         # general path's try_acquire. A permit of acquire_nowait() is fresh.
         limiter = self._limiter
@@ -229,10 +229,10 @@ class MemoryPermit(Permit):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> Awaitable[None]:
+        limiter = self._limiter
         task = self._task
         if task is not None:  # Permit._unhold, its usual cases inline
             self._task = None
-            limiter = self._limiter
             if limiter._holds is self:  # held alone: nothing nested in it
                 limiter._holds = None
             else:
@@ -244,12 +244,13 @@ class MemoryPermit(Permit):
                     limiter._holds = None
         if self._lease is _FAST_GRANTED:  # release's fast case, inline
             ledger = self._ledger
-            gate = self._limiter._gate
+            gate = limiter._gate
             if (
                 ledger.plain
                 and not ledger.in_line
                 and not gate.queue
-                and (ledger.in_flight > 1 or ledger.listed_at is not UNLISTED)
+                # (the listing first: a scope once idle stays listed while used again)
+                and (ledger.listed_at is not UNLISTED or ledger.in_flight > 1)
             ):
                 ledger.in_flight -= 1
                 gate.in_flight -= 1
@@ -270,7 +271,8 @@ class MemoryPermit(Permit):
                 ledger.plain
                 and not ledger.in_line
                 and not gate.queue
-                and (ledger.in_flight > 1 or ledger.listed_at is not UNLISTED)
+                # (the listing first: a scope once idle stays listed while used again)
+                and (ledger.listed_at is not UNLISTED or ledger.in_flight > 1)
             ):
                 ledger.in_flight -= 1
                 gate.in_flight -= 1
