@@ -123,8 +123,8 @@ class Permit:
         "recorded",
     )
 
-    # Made by Limiter.acquire(), which sets every field (without an __init__
-    # call: a permit per request is the hot path).
+    # Made by Limiter.acquire(), which calls the class (it has no __init__)
+    # and sets every field itself: a permit per request is the hot path.
     _limiter: Limiter
     _request: Any
     _scopes: ScopesLike | None

@@ -418,8 +418,8 @@ class LimiterMetrics:
 class _MeteredPermit(Permit):
     """A :class:`Permit` that reports to its limiter's :class:`LimiterMetrics`."""
 
-    # No __slots__: its two fields start as these class attributes (the
-    # limiter makes permits without an __init__ call).
+    # No __slots__: its two fields start as these class attributes (a permit
+    # has no __init__: the limiter sets its fields).
     _groups: tuple[str, ...] | None = None  # while held: the groups counted active
     _started = False
 
