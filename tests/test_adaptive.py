@@ -633,6 +633,20 @@ def test_a_large_server_with_varied_service_times_is_used_to_its_capacity(backen
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_very_large_server_with_varied_service_times_stays_used(backend: str) -> None:
+    # 64 workers, exponential service times of 200 ms (320/s), ceiling 256.
+    # The floor is the lowest of an epoch's round means, and a lower limit
+    # makes more, smaller rounds, whose lowest lies lower still: the queue
+    # read from it cut the limit from 55 to 21 over a minute (35 % of the
+    # capacity over the second half) while no request ever queued.
+    server = CapacityServer(workers=64, service_time=0.2, exponential=True)
+    policy = ScopePolicy(concurrency=256, delay=0, slot_delay=0, adaptive=Adaptive())
+    trace = simulate(policy, server, burst(URL, 20_000), duration=50.0, backend=backend)  # type: ignore[arg-type]
+    assert _ok_rate(trace, 25, 50) >= 0.9 * 320
+    assert _p95_latency(trace, 25) <= 2 * 3 * 0.2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("workers", "service_time"), [(1, 0.05), (2, 1.0)])
 def test_a_server_that_serves_few_at_once_is_not_queued_at(
     workers: int, service_time: float, backend: str

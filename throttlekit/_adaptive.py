@@ -73,6 +73,8 @@ _ROUND_FEWEST = 3
 _ROUND_TIME = 2.0
 #: The windowed minimum RTT keeps two epochs of this length.
 _RTT_EPOCH = 30.0
+#: Fewest rounds the floor's correction counts (two standard errors, at least).
+_FEW_ROUNDS = math.exp(2.0)
 #: A failure after this many seconds, and this many times the mean latency,
 #: hung: the server was not serving it.
 _HUNG = 1.0
@@ -284,6 +286,8 @@ class AdaptiveState(SlotState):
         "rtt_min_at",
         "rtt_prev",
         "rtt_prev_at",
+        "rtt_prev_rounds",
+        "rtt_rounds",
         "run_at",
         "run_ok",
         "sends",
@@ -374,6 +378,8 @@ class AdaptiveState(SlotState):
         self.rtt_min = self.rtt_min_at = INF
         self.rtt_prev = self.rtt_prev_at = INF
         self.rtt_epoch = -INF
+        # How many round means each of those two is the lowest of.
+        self.rtt_rounds = self.rtt_prev_rounds = 0
         self.reason = f"adaptive: starting at {self.rate:g}/s"
 
     def __repr__(self) -> str:
@@ -1251,7 +1257,9 @@ class AdaptiveState(SlotState):
             # the server has really slowed down).
             if self.rtt_min == INF or self.rtt_min_at <= self.rtt_prev_at:
                 self.rtt_prev, self.rtt_prev_at = self.rtt_min, self.rtt_min_at
+                self.rtt_prev_rounds = self.rtt_rounds
             self.rtt_min, self.rtt_min_at, self.rtt_epoch = INF, INF, now
+            self.rtt_rounds = 0
         limit = self.limit
         if limit is None:
             return
@@ -1272,6 +1280,7 @@ class AdaptiveState(SlotState):
         # The baseline is the lowest round median of the last epochs, not the
         # lowest single latency: with varied service times (an exponential
         # has its minimum near 0) one lucky answer would read as a queue.
+        self.rtt_rounds += 1
         if median < self.rtt_min:
             self.rtt_min, self.rtt_min_at = median, limit
         floor = min(self.rtt_min, self.rtt_prev)
@@ -1279,13 +1288,18 @@ class AdaptiveState(SlotState):
             return
         if spread >= 0.5 * median:
             # Varied service times (an exponential's round means vary by a
-            # fifth over 30): the floor, the lowest of many round means, is
-            # about two standard errors of one below what a round takes, and
-            # read as a queue that held a server of 16 workers at 10 or so.
+            # fifth over 30): the floor, the lowest of n round means, lies
+            # about sqrt(2 ln n) standard errors of one below what a round
+            # takes (three for the 300 rounds of two epochs at 150 answers a
+            # second), and read as a queue it held a server of 16 workers at
+            # 10 or so, and one of 64 spiralled down to 20: a lower limit
+            # makes more, smaller rounds, whose lowest lies lower still.
             # At most half the floor: a few slow answers among many fast ones
-            # (a cache in front of an origin) vary the means so much that two
-            # standard errors would hide the origin's queue.
-            floor = min(median, floor + min(2.0 * spread / math.sqrt(size), 0.5 * floor))
+            # (a cache in front of an origin) vary the means so much that the
+            # correction would hide the origin's queue.
+            rounds = max(self.rtt_rounds + self.rtt_prev_rounds, _FEW_ROUNDS)
+            error = math.sqrt(2.0 * math.log(rounds)) * spread / math.sqrt(size)
+            floor = min(median, floor + min(error, 0.5 * floor))
         queue = limit * (1.0 - floor / median)
         ceiling = scope.policy.concurrency
         top = ceiling if ceiling is not None else self.config.max_concurrency
