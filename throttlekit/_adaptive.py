@@ -135,9 +135,10 @@ class Adaptive:
     * **Concurrency** (capacity: latency grows with load). It compares the
       mean latency of each round of responses (30, or those of two seconds
       when they come slowly, at least 3) with the lowest
-      recent round mean (plus two standard errors of the round's mean, up
-      to half that mean, when latencies vary widely: the lowest of many
-      noisy means is that far below what a round takes) and estimates the
+      recent round mean (plus sqrt(2 ln n) standard errors of the round's
+      mean for the n rounds it is the lowest of, at least two, up to half
+      that mean, when latencies vary widely: the lowest of n noisy means is
+      that far below what a round takes) and estimates the
       requests queued at the server
       (``limit * (1 - lowest / mean)``): it grows the limit while the queue
       is under 1.5 requests and shrinks it above 4, never growing while the
