@@ -225,11 +225,7 @@ class Permit:
         """The ``async with`` block is left: acquires of its task no longer nest in it."""
         task = self._task
         self._task = None
-        limiter = self._limiter
-        if limiter._holds is self:  # held alone: nothing nested in it
-            limiter._holds = None
-        else:
-            self._unheld(task, _held_permits(limiter).pop(task, None))
+        self._unheld(task, _held_permits(self._limiter).pop(task, None))
 
     def _unheld(self, task: object, top: Permit | None) -> None:
         """The rest of :meth:`_unhold` once ``top``, the task's innermost hold, is popped."""
