@@ -490,20 +490,20 @@ def test_refusals_while_holding_widen_the_margin_below_the_edge() -> None:
     for _ in range(30):  # slow start up to 10/s
         send(200)
     send(429)
-    edge = adaptive.edge
+    edge = adaptive.rate_loop.edge
     assert edge is not None
     margins = []
     for _ in range(4):
         for _ in range(20):
             send(200)
         send(429)  # refused while holding
-        margins.append(adaptive.margin)
+        margins.append(adaptive.rate_loop.margin)
     # Each confirms the edge (10/s, within a request of the first count).
     assert margins == [0.04, 0.08, 0.16, 0.32]
-    assert adaptive.target == pytest.approx(adaptive.edge * 0.68)
+    assert adaptive.rate_loop.target == pytest.approx(adaptive.rate_loop.edge * 0.68)
     for _ in range(60):  # a whole hold without a refusal
         send(200)
-    assert adaptive.margin == 0.16
+    assert adaptive.rate_loop.margin == 0.16
 
 
 #: Limits beyond the benchmark's sites, each kind at another size, window, wait
@@ -1097,8 +1097,8 @@ def test_a_refusal_only_a_budget_of_another_scope_explains_keeps_the_headers(
     adaptive = ledger.controllers[0]
     ok = Feedback(status=200, headers=headers, rate_limit=view, sent_at=0.0)
     ledger.on_feedback(ok, 0.1)
-    assert adaptive.phase == "stated"
+    assert adaptive.rate_loop.phase == "stated"
     refused = Feedback(status=429, headers=headers, rate_limit=view, sent_at=0.2)
     ledger.on_feedback(refused, 0.2)
-    assert adaptive.headers_short is rate_loop
-    assert (adaptive.phase != "stated") is rate_loop
+    assert adaptive.rate_loop.headers_short is rate_loop
+    assert (adaptive.rate_loop.phase != "stated") is rate_loop

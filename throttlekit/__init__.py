@@ -13,7 +13,7 @@ Quick start::
 
 from __future__ import annotations
 
-from ._adaptive import Adaptive
+from ._adaptive import Adaptive, AdaptiveTuning
 from ._autothrottle import AutoThrottle
 from ._backoff import Backoff
 from ._controller import BaseController, Controller, Feedback, ScopeSnapshot, ScopeView
@@ -32,6 +32,7 @@ from ._stats import LimiterStatistics, ScopeStatistics
 
 __all__ = [
     "Adaptive",
+    "AdaptiveTuning",
     "AutoThrottle",
     "BackendUnavailable",
     "Backoff",

@@ -1,0 +1,378 @@
+"""Adaptive's parts, each on its own, and the package's shape (sizes, literals, imports)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import throttlekit
+from throttlekit import Adaptive, AdaptiveTuning, Feedback, ScopePolicy, ScopeSnapshot
+from throttlekit._adaptive._closure import Closures
+from throttlekit._adaptive._concurrency import ConcurrencyLoop
+from throttlekit._adaptive._edge import set_edge
+from throttlekit._adaptive._errors import ErrorJudge
+from throttlekit._adaptive._inflight import InFlightLimit, Verdict
+from throttlekit._adaptive._phase import Event, Phase, next_phase
+from throttlekit._adaptive._rate import RateLoop
+from throttlekit._adaptive._response import Kind, classify, quota_spent
+from throttlekit._adaptive._sends import SendLog
+from throttlekit.headers import RateLimitInfo
+
+PACKAGE = Path(throttlekit.__file__).parent / "_adaptive"
+TUNING = AdaptiveTuning()
+POLICY = ScopePolicy(concurrency=16, delay=0, slot_delay=0, adaptive=Adaptive())
+
+
+def _view(in_flight: int = 0, concurrency: int | None = 16) -> ScopeSnapshot:
+    policy = ScopePolicy(concurrency=concurrency, delay=0, slot_delay=0)
+    return ScopeSnapshot(
+        name="api.test", policy=policy, delay=0.0, concurrency=concurrency, in_flight=in_flight
+    )
+
+
+# -- the package's shape ------------------------------------------------------------------
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {path.stem: ast.parse(path.read_text()) for path in sorted(PACKAGE.glob("*.py"))}
+
+
+def test_every_class_function_and_module_is_a_size_a_reader_can_hold() -> None:
+    too_big = []
+    for name, tree in _modules().items():
+        lines = max((node.end_lineno or 0) for node in tree.body) if tree.body else 0
+        if lines > 400:
+            too_big.append(f"module {name}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > (300 if isinstance(node, ast.ClassDef) else 50):
+                    too_big.append(f"{name}.{node.name}: {size} lines")
+    assert not too_big
+
+
+def _module_level_constant(tree: ast.Module, node: ast.Constant) -> bool:
+    return any(
+        isinstance(statement, (ast.Assign, ast.AnnAssign))
+        and any(child is node for child in ast.walk(statement))
+        for statement in tree.body
+    )
+
+
+def test_no_unnamed_numbers_in_the_logic() -> None:
+    """Every tunable is named in ``_tuning`` (or is a user's default in ``_config``)."""
+    unnamed = []
+    for name, tree in _modules().items():
+        if name in ("_tuning", "_config"):
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, (int, float))
+                and not isinstance(node.value, bool)
+                and node.value not in (0, 1, 2, 0.5)
+                and not _module_level_constant(tree, node)
+            ):
+                unnamed.append(f"{name}:{node.lineno}: {node.value!r}")
+    assert not unnamed
+
+
+def _typing_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:`` (names for annotations, not imports)."""
+    return {
+        id(child)
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for child in ast.walk(node)
+    }
+
+
+def test_the_parts_import_no_one_in_a_circle() -> None:
+    graph: dict[str, set[str]] = {}
+    for name, tree in _modules().items():
+        graph[name] = set()
+        typing_only = _typing_only(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 1
+                and node.module
+                and id(node) not in typing_only
+            ):
+                graph[name].add(node.module)
+    seen: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        if seen.get(module) == 1:
+            raise AssertionError(" -> ".join([*path, module]))
+        if seen.get(module) == 2:
+            return
+        seen[module] = 1
+        for other in sorted(graph.get(module, ())):
+            visit(other, [*path, module])
+        seen[module] = 2
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+# -- what a response tells -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "kind"),
+    [
+        (429, None, Kind.THROTTLE),
+        (503, 5.0, Kind.THROTTLE),
+        (503, None, Kind.OVERLOAD),
+        (524, None, Kind.OVERLOAD),
+        (200, 1.0, Kind.OK),  # a wait on a success throttles nothing
+        (404, None, Kind.OK),
+    ],
+)
+def test_an_answer_is_classified_by_its_status_and_the_wait_it_tells(
+    status: int, retry_after: float | None, kind: Kind
+) -> None:
+    info = RateLimitInfo(retry_after=retry_after) if retry_after is not None else None
+    assert classify(Feedback(status=status, rate_limit=info)) is kind
+
+
+def test_timeouts_are_overload_and_other_exceptions_say_nothing() -> None:
+    assert classify(Feedback(exception=TimeoutError())) is Kind.OVERLOAD
+    assert classify(Feedback(exception=ValueError())) is Kind.OTHER
+
+
+def test_a_refusal_is_explained_by_any_budget_the_headers_show_spent() -> None:
+    headers = {"x-ratelimit-remaining-requests": "5", "x-ratelimit-remaining-tokens": "0"}
+    assert quota_spent(Feedback(status=429, headers=headers), remaining=5)
+    assert not quota_spent(Feedback(status=429), remaining=5)
+    assert quota_spent(Feedback(status=429), remaining=0)
+
+
+# -- the log of sends ---------------------------------------------------------------------------
+
+
+def _log(*sends: tuple[float, bool]) -> SendLog:
+    log = SendLog(TUNING)
+    for sent_at, accepted in sends:
+        log.count(sent_at, accepted=accepted, horizon=1.0, latency=0.0)
+    return log
+
+
+def test_the_log_counts_exactly_and_keeps_two_horizons() -> None:
+    log = _log(*((i / 10, i % 5 != 4) for i in range(40)))
+    assert log.measured(2.9, 3.9, accepted=False) == pytest.approx(10.0)
+    assert log.measured(2.9, 3.9, accepted=True) == pytest.approx(8.0)
+    assert log.sends[0][0] >= 3.9 - 2.0 - 1e-9  # older than two horizons: forgotten
+
+
+def test_answers_out_of_send_order_are_logged_in_send_order() -> None:
+    log = _log((1.0, True), (0.5, False), (0.8, True))
+    assert [entry[0] for entry in log.sends] == [0.5, 0.8, 1.0]
+
+
+def test_the_pace_of_even_acceptances_is_their_spacing_not_their_count() -> None:
+    log = _log(*((i * 0.25, True) for i in range(5)))  # 5 in a second, 4/s apart
+    assert log.pace(-0.1, 1.0, TUNING.pace_fewest) == pytest.approx(4.0)
+    assert log.pace(-0.1, 0.3, TUNING.pace_fewest) == 0.0  # two: no pace
+
+
+def test_a_window_frees_when_its_oldest_acceptance_leaves() -> None:
+    log = _log(*((i * 0.1, True) for i in range(10)))
+    assert log.window_frees(in_flight=0, allowed=10, window=1.0) == pytest.approx(1.0)
+    assert log.window_frees(in_flight=0, allowed=12, window=1.0) is None
+
+
+# -- the concurrency loop --------------------------------------------------------------------
+
+
+def _rounds(loop: ConcurrencyLoop, latency: float, rounds: int, start: float = 0.0) -> float:
+    now = start
+    for _ in range(rounds):
+        limit = loop.limit or 1
+        for _ in range(max(TUNING.round_size, limit)):
+            now += 0.01
+            loop.sample(_view(in_flight=limit), latency, now, top=64)
+    return now
+
+
+def test_the_concurrency_loop_grows_while_latency_stays_at_its_floor() -> None:
+    loop = ConcurrencyLoop(TUNING, ceiling=None)
+    _rounds(loop, 0.05, 5)
+    assert loop.limit == 2 * 2**5
+
+
+def test_the_concurrency_loop_shrinks_when_latency_shows_a_queue() -> None:
+    loop = ConcurrencyLoop(TUNING, ceiling=None)
+    now = _rounds(loop, 0.05, 3)
+    grown = loop.limit
+    assert grown is not None
+    _rounds(loop, 0.5, 3, start=now)  # ten times the floor: a queue of 90 % of the limit
+    assert loop.limit is not None
+    assert loop.limit < grown
+
+
+def test_a_hung_failure_gives_its_place_back_for_as_long_as_it_hung() -> None:
+    loop = ConcurrencyLoop(TUNING, ceiling=8)
+    limit = loop.concurrency
+    assert limit is not None
+    loop.hang(True, 10.0, 10.0, errors_high=False)
+    assert loop.concurrency == limit + 1
+    loop.hang(False, 0.1, 19.0, errors_high=False)
+    assert loop.concurrency == limit + 1
+    loop.hang(False, 0.1, 20.5, errors_high=False)
+    assert loop.concurrency == limit
+    loop.hang(True, 10.0, 30.0, errors_high=True)  # an overloaded server's: none
+    assert loop.concurrency == limit
+
+
+# -- the detector of a limit on requests in flight ----------------------------------------------
+
+
+def test_refusals_at_one_count_at_rates_apart_are_a_limit_in_flight() -> None:
+    detector = InFlightLimit(TUNING)
+    verdicts = []
+    for sent_at, accepted in ((10.0, 10), (20.0, 20), (30.0, 30)):
+        log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
+        verdicts.append(detector.refused(4, sent_at, log))
+    assert verdicts == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
+    assert detector.count == 4
+    assert detector.refused(5, 31.0, _log()) is Verdict.KNOWN
+    assert detector.refused(2, 32.0, _log()) is Verdict.NOTHING  # lower: disproved
+    assert detector.count is None
+
+
+def test_refusals_at_one_count_at_one_rate_are_a_rate_limit() -> None:
+    detector = InFlightLimit(TUNING)
+    for sent_at in (10.0, 20.0, 30.0):
+        log = _log(*((sent_at - 1 + (i + 0.5) / 10, True) for i in range(10)))
+        assert detector.refused(4, sent_at, log) is Verdict.NOTHING
+
+
+# -- the judge of errors -----------------------------------------------------------------------
+
+
+def test_overload_needs_its_share_of_enough_outcomes() -> None:
+    judge = ErrorJudge(TUNING, overload_share=0.25)
+    for _ in range(3):
+        judge.remember(True)
+    assert not judge.overloaded()  # three of three, but too few
+    for _ in range(9):
+        judge.remember(False)
+    assert judge.overloaded()  # 3 of 12
+    judge.remember(False)
+    assert not judge.overloaded()  # 3 of 13
+
+
+def test_a_few_errors_close_together_while_holding_widen_the_margin() -> None:
+    judge = ErrorJudge(TUNING, overload_share=0.25)
+    margins = [judge.widened(_view(), now, 10.0, 10.0, (0.02, 0.02)) for now in (1.0, 2.0, 3.0)]
+    assert margins == [None, None, 0.04]
+
+
+def test_errors_as_many_held_lower_are_random_and_reset_the_margin() -> None:
+    judge = ErrorJudge(TUNING, overload_share=0.25)
+    for now in (1.0, 2.0, 3.0):
+        judge.widened(_view(), now, 10.0, 10.0, (0.02, 0.02))
+    margins = [judge.widened(_view(), now, 9.6, 10.0, (0.04, 0.02)) for now in (3.5, 4.0, 4.5)]
+    assert margins == [None, None, 0.02]
+    assert judge.widen_off
+
+
+# -- closed servers --------------------------------------------------------------------------
+
+
+def test_a_closed_server_is_waited_for_longer_each_time_up_to_the_longest_hold() -> None:
+    closures = Closures(TUNING, max_wait=60.0)
+    assert [closures.close(5.0) for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert closures.closed_at == 5.0
+
+
+def test_closed_longer_than_it_was_open_is_a_long_window() -> None:
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.begin(0.0)
+    for sent_at in range(30):
+        closures.accepted(float(sent_at), cut_at=-math.inf)
+    closures.close(10.0)
+    assert closures.long_window(50.0) == (50.0, 29)  # closed 40 s after 10 s open
+    assert (closures.run_at, closures.run_ok) == (50.0, 1)
+
+
+def test_closed_briefly_after_a_held_limit_is_not_a_long_window() -> None:
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.begin(0.0)
+    closures.close(40.0)
+    assert closures.long_window(45.0) is None
+
+
+# -- the rate loop ---------------------------------------------------------------------------
+
+
+def test_phases_move_only_as_the_transitions_say() -> None:
+    assert next_phase(Phase.HOLD, Event.HELD) is Phase.PROBE
+    assert next_phase(Phase.PROBE, Event.EDGE) is Phase.RECOVER
+    with pytest.raises(RuntimeError, match="HELD cannot come in phase start"):
+        next_phase(Phase.START, Event.HELD)
+
+
+def test_a_new_edge_restarts_below_it_and_a_confirmed_one_holds_longer() -> None:
+    loop = RateLoop(Adaptive())
+    assert set_edge(loop, _view(), 10.0, 14.0, 0.0, 5.0, 0.0, Phase.START)
+    assert loop.phase is Phase.RECOVER
+    assert loop.rate == pytest.approx(9.0)  # 0.9 of a new edge
+    assert loop.target == pytest.approx(9.8)
+    assert loop.hold_for == 10.0
+    assert loop.blocked_until == pytest.approx(5.0 + 0.4)  # what went out above it drains
+    assert not set_edge(loop, _view(), 10.3, 10.5, 0.0, 30.0, 0.0, Phase.PROBE)
+    assert loop.hold_for == 20.0  # confirmed: twice as long
+    assert loop.edge == pytest.approx(10.3)  # the higher of the two counts
+
+
+def test_a_refusal_while_holding_at_the_edge_widens_the_margin() -> None:
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 10.0, 14.0, 0.0, 5.0, 0.0, Phase.START)
+    set_edge(loop, _view(), 10.0, 10.0, 0.0, 8.0, 0.0, Phase.HOLD)
+    assert loop.margin == pytest.approx(0.04)
+
+
+def test_a_told_wait_makes_the_hold_long_enough_that_a_probe_costs_little() -> None:
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 10.0, 14.0, 0.5, 5.0, 0.0, Phase.START)
+    assert loop.hold_for == pytest.approx(0.5 / TUNING.probe_cost)
+
+
+def test_echoes_of_a_cut_are_its_own_until_a_search_up_begins() -> None:
+    loop = RateLoop(Adaptive())
+    loop.cut_at = 10.0
+    loop.enter(Event.EDGE, 10.0)
+    assert loop.echo(10.5)
+    assert not loop.echo(11.0)
+    loop.enter(Event.REOPENED, 10.2)
+    assert not loop.echo(10.5)
+
+
+def test_the_tuning_is_what_the_parts_use() -> None:
+    loop = RateLoop(Adaptive(tuning=AdaptiveTuning(new_edge_restart=0.5)))
+    set_edge(loop, _view(), 10.0, 14.0, 0.0, 5.0, 0.0, Phase.START)
+    assert loop.rate == pytest.approx(5.0)
+    with pytest.raises(TypeError, match="tuning"):
+        Adaptive(tuning={"new_edge_restart": 0.5})  # type: ignore[arg-type]
+
+
+def test_the_state_is_one_plain_dict_per_part() -> None:
+    state = POLICY.adaptive.controller(POLICY)  # type: ignore[union-attr]
+    view = _view(in_flight=1)
+    for i in range(50):
+        status = 429 if i == 40 else 200
+        state.on_feedback(view, Feedback(status=status, latency=0.05, sent_at=i / 10), i / 10)
+    plain = json.loads(json.dumps(state.get_state()))
+    assert set(plain) == {"closures", "concurrency_loop", "errors", "inflight", "log", "rate_loop"}
+    assert plain["rate_loop"]["phase"] == "recover"
+    copy = POLICY.adaptive.controller(POLICY)  # type: ignore[union-attr]
+    copy.set_state(plain)
+    assert copy.rate_loop.phase is Phase.RECOVER
+    assert copy.get_state() == state.get_state()

@@ -1,0 +1,115 @@
+"""The detector of closed servers and long windows: runs, knocks, and waits a server told."""
+
+from __future__ import annotations
+
+import math
+
+from .._controller import SlotState
+from ._tuning import AdaptiveTuning
+
+__all__ = ["Closures"]
+
+INF = math.inf
+
+
+class Closures(SlotState):
+    """What got through since sending began, since the last cut, and through the pauses since.
+
+    A server that accepts nothing between two cuts is closed for now (a
+    long window's limit spent, or a server down): the scope waits, longer
+    each time, and knocks once after each wait. When it opens again, how
+    long it stayed closed against how long it had been open tells a long
+    window from a limit that moved.
+    """
+
+    __slots__ = (
+        "closed_at",
+        "cut_first",
+        "empty",
+        "max_wait",
+        "ok_since_cut",
+        "run_at",
+        "run_ok",
+        "told_wait",
+        "tuning",
+    )
+    STATE = tuple(name for name in __slots__ if name not in ("tuning", "max_wait"))
+
+    def __init__(self, tuning: AdaptiveTuning, max_wait: float) -> None:
+        self.tuning = tuning
+        self.max_wait = max_wait
+        self.empty = 0  # throttles in a row with nothing accepted in between
+        self.run_at: float | None = None  # when sending last began or reopened after a closure
+        self.run_ok = 0  # requests sent since then and accepted
+        self.closed_at = -INF  # when the server last closed (refusing through pauses)
+        self.ok_since_cut = 0  # accepted since the last cut
+        self.cut_first = False  # whether the last cut was the first limit a search up met
+        # After a refusal that told to wait longer than the run had been open:
+        # [when the run began, what it got accepted, when the wait ended].
+        self.told_wait: list[float] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Closures empty={self.empty} run_ok={self.run_ok}>"
+
+    def begin(self, sent_at: float) -> None:
+        """The first answer: the run began when its request was sent."""
+        if self.run_at is None:
+            self.run_at = sent_at
+
+    def accepted(self, sent_at: float, cut_at: float) -> bool:
+        """An accepted answer; returns whether it reopens a server closed through pauses."""
+        assert self.run_at is not None
+        if sent_at >= self.run_at:
+            self.run_ok += 1
+        if sent_at > cut_at:
+            self.ok_since_cut += 1
+            return self.empty >= 2
+        return False
+
+    def closed_since(self, cut_at: float) -> bool:
+        """Whether nothing was accepted since the cut at ``cut_at`` (the server may be closed)."""
+        return cut_at > -INF and self.ok_since_cut == 0
+
+    def cut(self) -> None:
+        """A cut: count what gets through from now."""
+        self.ok_since_cut = 0
+
+    def restart(self) -> None:
+        """A told wait proved a long window: count from a cut now, the server open."""
+        self.ok_since_cut = self.empty = 0
+
+    def close(self, cut_at: float) -> float:
+        """Nothing accepted since the cut at ``cut_at``: how long to wait before knocking."""
+        if not self.empty:
+            self.closed_at = cut_at
+        self.empty += 1
+        return min(self.max_wait, self.tuning.closed_wait * 2.0**self.empty)
+
+    def open(self, *, first: bool = False) -> None:
+        """The cut came with acceptances since the last: the server is open."""
+        self.empty, self.cut_first = 0, first
+
+    def long_window(self, sent_at: float) -> tuple[float, int] | None:
+        """The server accepts again after a closure: its window and what one allowed, if long.
+
+        If it closed at the first limit a search up met, or stayed closed
+        longer than it had been open, its window is longer than the horizon:
+        what it accepted from the start of the run (not counting this
+        acceptance, which opens the next window) is what one window allows.
+        ``None`` when it closed on a limit it had held, for less time (a
+        limit that moved, or a server that was down).
+        """
+        run_at = self.run_at
+        assert run_at is not None
+        self.empty = 0
+        if not self.cut_first and sent_at - self.closed_at < self.closed_at - run_at:
+            return None
+        window, accepted = sent_at - run_at, max(self.run_ok - 1, 1)
+        self.run_at, self.run_ok = sent_at, 1
+        return window, accepted
+
+    def told(self, wait_end: float, in_flight: int) -> None:
+        """The server told a wait longer than the run had been open: remember the run."""
+        assert self.run_at is not None
+        self.told_wait = [self.run_at, self.run_ok + in_flight, wait_end]
+        self.run_at, self.run_ok = wait_end, 0

@@ -1,0 +1,140 @@
+"""Placing a measured edge: confirm or replace the one known, and choose the hold below it."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ._phase import Event, Phase
+from ._rate import RateLoop
+
+if TYPE_CHECKING:
+    from .._controller import ScopeView
+
+__all__ = ["set_edge"]
+
+logger = logging.getLogger("throttlekit.adaptive")
+
+
+def set_edge(
+    loop: RateLoop,
+    scope: ScopeView,
+    edge: float,
+    sent: float,
+    wait: float,
+    now: float,
+    pause: float,
+    phase: Phase,
+) -> bool:
+    """A refusal in ``phase`` measured the server's ``edge``: hold below it, so long.
+
+    ``sent`` is the rate sent when refused, ``wait`` what the server told to
+    wait, ``pause`` a wait decided already. Returns whether the edge is new
+    (not a confirmation of the one known).
+    """
+    risen, proved = loop.risen_from, loop.risen_to
+    if phase is Phase.START and risen is not None and (edge <= proved or loop.near(edge, proved)):
+        _climb(loop, scope, sent, now, pause)
+        return False
+    edge, hold_for, confirmed = _confirm(loop, edge, now, phase)
+    loop.hold_for = _hold(loop, hold_for, wait, now, confirmed=confirmed)
+    loop.edge, loop.edge_held = edge, confirmed
+    loop.target = edge * (1.0 - loop.margin)
+    loop.pause_for_excess(sent, edge, now, pause)
+    # A confirmed edge is known: resume at the target; a new one from below it.
+    restart = loop.config.tuning.new_edge_restart
+    loop.rate = loop.target if confirmed else min(loop.target, edge * restart)
+    loop.enter(
+        Event.EDGE,
+        max(now, loop.blocked_until),
+        f"throttled at {sent:.3g}/s, edge {edge:.3g}/s, holding {loop.hold_for:g} s",
+    )
+    logger.debug(
+        "scope %s: throttled at %.3f/s, edge %.3f/s (%s), rate -> %.3f/s, hold %g s",
+        scope.name,
+        sent,
+        edge,
+        "confirmed" if confirmed else "new",
+        loop.rate,
+        loop.hold_for,
+    )
+    return not confirmed
+
+
+def _confirm(loop: RateLoop, edge: float, now: float, phase: Phase) -> tuple[float, float, bool]:
+    """Whether ``edge`` confirms the known one; the edge, and the hold it starts from.
+
+    The count varies by a request with how sends cross the second's
+    boundary: within that it confirms the edge, and the edge stays what the
+    server has let through. An edge a search up found confirms none.
+    """
+    risen, proved = loop.risen_from, loop.risen_to
+    old, hold_for = loop.edge, loop.hold_for
+    if phase is Phase.CLIMB and risen is not None and loop.rate <= proved:
+        # Refused climbing no faster than the probe had gone: what it proved
+        # was a burst the server had stored: back at the old edge.
+        edge, phase = risen, Phase.PROBE
+    confirmed = stored = False
+    if phase not in (Phase.START, Phase.CLIMB):
+        loop.risen_from = None
+        if risen is not None and loop.near(edge, risen):
+            # Back at the edge from before the rise: the server had only
+            # stored a burst (a token bucket refills while the rate is held
+            # below it, and a probe drains it); the old edge is confirmed.
+            old, hold_for, confirmed, stored = risen, loop.risen_hold, True, True
+        else:
+            confirmed = old is not None and loop.near(edge, old)
+    if confirmed:
+        assert old is not None
+        edge = max(edge, old)
+    if confirmed and not stored and phase in (Phase.RECOVER, Phase.HOLD):
+        # Refused while holding below an edge that has not moved: the sends
+        # reach the server less evenly than they leave. Hold further below;
+        # it narrows again per hold that passes without a refusal.
+        loop.margin = min(loop.config.tuning.max_margin, 2.0 * loop.margin)
+    if old is not None and loop.edge_held and edge < loop.config.tuning.moved * old:
+        loop.moved_at = now  # a limit that had held dropped
+    return edge, hold_for, confirmed
+
+
+def _climb(loop: RateLoop, scope: ScopeView, sent: float, now: float, pause: float) -> None:
+    """The search up after a rise was refused no higher than the probe had proved.
+
+    It doubles the rate, and a leaky bucket refuses its first early send
+    while the second before it holds the old pace: the limit lies above
+    what the probe proved. Climb on from there as a probe does.
+    """
+    proved = loop.risen_to
+    loop.edge = proved
+    loop.target = proved * (1.0 - loop.margin)
+    loop.pause_for_excess(sent, proved, now, pause)
+    loop.rate = loop.target
+    loop.enter(
+        Event.CLIMB,
+        max(now, loop.blocked_until),
+        f"throttled at {sent:.3g}/s, climbing from {loop.target:.3g}/s",
+    )
+    logger.debug(
+        "scope %s: throttled at %.3f/s searching up, about the %.3f/s proved: climbing",
+        scope.name,
+        sent,
+        proved,
+    )
+
+
+def _hold(loop: RateLoop, hold_for: float, wait: float, now: float, *, confirmed: bool) -> float:
+    """How long to hold below the edge before probing.
+
+    Longer per confirmation of the same edge, and long enough that a
+    probe's cost (one server-imposed wait) stays small; but for a while
+    after the limit moved, every ``hold`` seconds (it may move back). Never
+    shorter than the server's window: a probe before the window has let go
+    of the last one's sends would be judged by them.
+    """
+    config = loop.config
+    if now - loop.moved_at <= config.max_hold:
+        hold = config.hold
+    else:
+        hold = min(config.max_hold, hold_for * 2) if confirmed else config.hold
+        hold = max(hold, wait / config.tuning.probe_cost)
+    return min(config.max_hold, max(hold, loop.horizon))

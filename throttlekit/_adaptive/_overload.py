@@ -1,0 +1,122 @@
+"""Deciding on an overload error: widen the margin, take it for a limit's refusal, or cut."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from ._parts import Parts
+from ._phase import Event, Phase
+from ._throttle import on_throttle
+
+if TYPE_CHECKING:
+    from .._controller import ScopeView
+
+__all__ = ["cut_for_overload", "on_error"]
+
+logger = logging.getLogger("throttlekit.adaptive")
+
+INF = math.inf
+
+#: The phases in which the rate goes past what it held (an error there may be a limit's).
+_ABOVE = (Phase.START, Phase.PROBE, Phase.CLIMB)
+
+
+def on_error(
+    parts: Parts, scope: ScopeView, status: int | None, sent_at: float, now: float
+) -> None:
+    """An overload error: a rate limit's refusal, or one of a share that may cut.
+
+    A rate limit that answers with errors refuses nothing below its edge,
+    where random errors and a struggling server take a share at any rate.
+    So once a hold after an overload cut passed without one, an error that
+    comes as the rate climbs past it is that limit's refusal, as a 429
+    would be; while holding below its edge, only if errors are a tenth of
+    the sends. When cuts below each lower edge leave as large a share, they
+    were random all along: the scope forgets the edge and searches again.
+    """
+    loop, errors = parts.rate_loop, parts.errors
+    echo = loop.echo(sent_at)
+    holding = loop.holding()
+    searching = loop.phase in _ABOVE
+    limit = errors.limit_refusal(echo=echo, status=status, searching=searching)
+    if limit and holding and not _hold_errors(parts, sent_at):
+        _widen(parts, scope, now)
+    elif limit:
+        errors.hold_cuts += holding
+        if errors.hold_cuts > parts.config.tuning.hold_cuts:
+            logger.debug("scope %s: errors below every edge: not a rate limit", scope.name)
+            errors.errors_limit = False
+            loop.edge, loop.target = None, INF
+            loop.enter(Event.NOT_A_LIMIT, now)
+        else:
+            if not errors.errors_limit:
+                logger.debug("scope %s: errors only above the rate held: a rate limit", scope.name)
+            errors.errors_limit = True
+            if not errors.overloaded():
+                on_throttle(parts, scope, sent_at, now, 0.0)
+                return
+    if not echo:
+        errors.errors_clean = False
+        if errors.cut_tried:  # errors below what got through: random ones
+            # Back to the rate held, at the end of its hold.
+            loop.rate = loop.target = errors.cut_tried
+            errors.cut_tried, errors.cut_random_at = 0.0, now
+            loop.phase_at = now - loop.hold_for
+            logger.debug("scope %s: errors below what got through: random ones", scope.name)
+    if errors.overloaded() or (parts.closures.empty and not echo):
+        # (Closed: a knock after the pause was refused too.)
+        cut_for_overload(parts, scope, now)
+
+
+def cut_for_overload(parts: Parts, scope: ScopeView, now: float) -> None:
+    """Overload errors (or a knock refused): cut rate and concurrency, and hold."""
+    config = parts.config
+    loop, closures, concurrency = parts.rate_loop, parts.closures, parts.concurrency_loop
+    closed = closures.closed_since(loop.cut_at)
+    span = config.tuning.overload_rate_span
+    sent = parts.log.measured(now - span, now, accepted=False)
+    old_rate, old_limit = loop.rate, concurrency.limit
+    loop.overload(sent, now)
+    closures.cut()
+    if closed:  # (a long window's limit spent, or a server down)
+        loop.block(now + closures.close(loop.cut_at))
+    else:
+        closures.open()
+    concurrency.cut(config.overload_cut, scope.in_flight)
+    parts.errors.cut()
+    loop.say(f"overloaded, rate {loop.rate:.3g}/s, concurrency {concurrency.limit}")
+    logger.debug(
+        "scope %s: overload errors, rate %.3f -> %.3f/s, concurrency %s -> %s",
+        scope.name,
+        old_rate,
+        loop.rate,
+        old_limit,
+        concurrency.limit,
+    )
+
+
+def _hold_errors(parts: Parts, sent_at: float) -> bool:
+    """Whether errors are a large enough share of the sends while holding to be a limit's."""
+    log = parts.log
+    span = 2.0 * parts.rate_loop.horizon
+    sent = log.measured(sent_at - span, sent_at, accepted=False)
+    accepted = log.measured(sent_at - span, sent_at, accepted=True)
+    return sent - accepted >= parts.config.tuning.hold_errors * sent
+
+
+def _widen(parts: Parts, scope: ScopeView, now: float) -> None:
+    """An error while holding, too few to tell a refusal from a random one: maybe widen."""
+    loop = parts.rate_loop
+    edge = loop.edge
+    if edge is None:
+        return
+    margin = parts.errors.widened(
+        scope, now, loop.rate, edge * loop.horizon, (loop.margin, parts.config.headroom)
+    )
+    if margin is None:
+        return
+    loop.margin = margin
+    loop.target = loop.rate = edge * (1.0 - margin)
+    logger.debug("scope %s: errors while holding: rate -> %.3f/s", scope.name, loop.rate)

@@ -1,0 +1,238 @@
+"""The rate loop's state: the edge a refusal measured, the target held below it, and the phase."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+from .._controller import SlotState
+from ._phase import Event, Phase, next_phase
+from ._sends import SendLog
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .._controller import ScopeView
+    from ._tuning import Config
+
+__all__ = ["RateLoop"]
+
+logger = logging.getLogger("throttlekit.adaptive")
+
+INF = math.inf
+
+
+class RateLoop(SlotState):
+    """What the server's rate limit is believed to be, and where the scope's rate is relative to it.
+
+    A refusal measures the *edge* (what the server accepted just before
+    it); the rate then climbs back to a *target* ``margin`` below the edge,
+    holds there for ``hold_for`` seconds and probes upward. It never moves
+    by itself: the deciders (refusals, errors, time) call it.
+    """
+
+    __slots__ = (
+        "blocked_until",
+        "config",
+        "cut_at",
+        "edge",
+        "edge_held",
+        "headers_short",
+        "hold_for",
+        "horizon",
+        "margin",
+        "moved_at",
+        "phase",
+        "phase_at",
+        "rate",
+        "reason",
+        "refine_at",
+        "refine_for",
+        "refine_phase",
+        "refine_wait",
+        "resumed_at",
+        "risen_from",
+        "risen_hold",
+        "risen_to",
+        "target",
+    )
+    STATE = tuple(name for name in __slots__ if name != "config")
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.rate = config.start_rate  # requests per second (inf = no opinion)
+        self.phase = Phase.START
+        self.phase_at: float | None = None
+        self.edge: float | None = None  # the last measured accepted rate at a throttle
+        self.edge_held = False  # whether a second refusal confirmed it
+        self.target = INF  # the rate held below the edge
+        self.margin = config.headroom  # how far below the edge the target is
+        self.hold_for = config.hold
+        self.moved_at = -INF  # when the limit last dropped
+        # The edge and hold before the limit last seemed to rise, and the
+        # rate the probe then proved, until the search up that followed has
+        # found where it is now.
+        self.risen_from: float | None = None
+        self.risen_hold = 0.0
+        self.risen_to = 0.0
+        self.horizon = config.tuning.edge_horizon  # the server's window, as far as shown
+        self.cut_at = -INF  # requests sent before this are part of the last cut
+        self.resumed_at = INF  # when sending resumed after the last pause (inf: not yet)
+        self.blocked_until = -INF
+        self.headers_short = False  # refused with quota left: the headers miss a limit
+        # When to measure the edge again, for a refusal sent at refine_for:
+        # once the requests in flight then have answered (a slow server's).
+        self.refine_at = INF
+        self.refine_for = -INF
+        self.refine_wait = 0.0
+        self.refine_phase = Phase.START
+        self.reason = f"adaptive: starting at {self.rate:g}/s"
+
+    def __repr__(self) -> str:
+        return f"<RateLoop {self.phase.value} rate={self.rate:.3g}/s edge={self.edge}>"
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        super().set_state(state)
+        self.phase, self.refine_phase = Phase(self.phase), Phase(self.refine_phase)
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        state["phase"], state["refine_phase"] = self.phase.value, self.refine_phase.value
+        return state
+
+    def enter(self, event: Event, at: float, reason: str | None = None) -> None:
+        """Move to the phase ``event`` leads to, from ``at``; say why when ``reason`` is given."""
+        self.phase, self.phase_at = next_phase(self.phase, event), at
+        if reason is not None:
+            self.say(reason)
+
+    def say(self, reason: str) -> None:
+        """What Adaptive does now, and why (the scope's ``reason``)."""
+        self.reason = f"adaptive: {reason}"
+
+    def holding(self) -> bool:
+        """Whether the rate is at (or climbing back to) the target below a known edge."""
+        return self.phase in (Phase.RECOVER, Phase.HOLD)
+
+    def block(self, until: float) -> None:
+        """No send before ``until``."""
+        self.blocked_until = max(self.blocked_until, until)
+
+    def echo(self, sent_at: float) -> bool:
+        """Sent while the server's window still held the sends from before the last cut.
+
+        Not once a search up began after the cut: its sends go past what
+        the window held, and their refusals are its own.
+        """
+        phase_at = self.phase_at
+        searching = self.phase in (Phase.START, Phase.CLIMB)
+        if searching and phase_at is not None and sent_at >= phase_at > self.cut_at:
+            return False
+        return sent_at - self.cut_at < self.horizon
+
+    def near(self, edge: float, old: float) -> bool:
+        """Whether ``edge`` confirms ``old``: within a request over the horizon (and a few %)."""
+        tuning = self.config.tuning
+        return abs(edge - old) <= max(
+            tuning.near_share * old, min(1.0 / self.horizon, tuning.near_cap * old)
+        )
+
+    def pause_for_excess(self, sent: float, edge: float, now: float, pause: float) -> None:
+        """Block until the server's window has let go of what went out above the edge."""
+        horizon = self.horizon
+        excess = (sent - edge) * horizon
+        if excess > 0:
+            pause = max(pause, min(horizon, excess / edge))
+        if pause:
+            self.block(now + pause)
+
+    def keep_window(self, scope: ScopeView, log: SendLog) -> None:
+        """Below the edge of a long window, send only as it lets go of earlier sends.
+
+        The rate alone keeps a sliding window at its limit for a whole window
+        after a probe went above it (the window still holds the probe's sends,
+        and new ones replace them only as fast as they leave): so while
+        recovering and holding, a send waits until the window (counted from
+        the sends of the last one, those in flight included) has room.
+        """
+        edge = self.edge
+        if edge is None:
+            return
+        horizon = self.horizon
+        frees = log.window_frees(scope.in_flight, math.floor(edge * horizon), horizon)
+        if frees is not None:
+            self.block(frees)
+
+    def measure_later(self, sent: float, estimate: float, now: float, wait: float) -> None:
+        """A slow server refused at ``sent`` per second: count the edge once its answers are in.
+
+        Until then, no faster than the target held so far nor than ``estimate``.
+        """
+        self.pause_for_excess(sent, estimate, now, 0.0)
+        self.rate = min(self.rate, self.target, estimate)
+        self.enter(Event.SLOW_REFUSAL, now, f"throttled at {sent:.3g}/s, measuring the edge")
+        self.resumed_at = max(now + wait, self.blocked_until)
+
+    def long_window(self, scope: ScopeView, window: float, accepted: float, now: float) -> None:
+        """The server's window is ``window`` seconds, in which it accepted ``accepted``.
+
+        The average rate over it is the edge, held for about a window before
+        probing; edges are counted, probes judged and echoes told over it.
+        """
+        config = self.config
+        edge = accepted / window
+        self.edge, self.edge_held = edge, False
+        self.target = edge * (1.0 - self.margin)
+        self.rate = min(self.target, edge * config.tuning.new_edge_restart)
+        self.hold_for = min(config.max_hold, max(config.hold, window))
+        self.horizon = window
+        self.enter(
+            Event.LONG_WINDOW,
+            now,
+            f"closed for a long window, edge {edge:.3g}/s, holding {self.hold_for:g} s",
+        )
+        logger.debug(
+            "scope %s: closed for a long window of %.1f s: %.3f/s over it", scope.name, window, edge
+        )
+
+    def stated_quota(self, scope: ScopeView, rate: float | None, now: float) -> None:
+        """The server counts its quota in headers (remaining, reset): they pace the scope.
+
+        The scope's backoff keeps no more in flight than remains and waits
+        for the reset when nothing does; the rate loop stands aside until a
+        refusal comes that the headers do not explain. ``rate`` is the quota
+        per second when the headers state its window.
+        """
+        reason = None
+        if self.phase is not Phase.STATED or self.edge != rate:
+            shown = "with no window stated" if rate is None else f"of {rate:.3g}/s"
+            logger.debug("scope %s: the server counts a quota %s", scope.name, shown)
+            reason = f"the server's headers count its quota ({shown})"
+        self.edge = rate
+        self.target = INF if rate is None else rate
+        self.rate = INF
+        self.enter(Event.QUOTA_STATED, now, reason)
+
+    def cap(self, count: int, now: float) -> None:
+        """A limit of ``count`` requests in flight was found: the rate loop stands aside."""
+        self.rate = self.target = INF
+        self.edge = None
+        self.cut_at = now
+        self.enter(Event.IN_FLIGHT_LIMIT, now, f"the server allows {count} in flight")
+
+    def overload(self, sent: float, now: float) -> None:
+        """Cut for overload from the rate sent (``sent`` per second, 0 if unknown): hold lower."""
+        config = self.config
+        base = min(self.rate, sent) if sent > 0 else self.rate
+        self.rate = max(config.tuning.min_rate, base * config.overload_cut)
+        self.edge = None
+        self.target = self.rate
+        self.hold_for = config.hold
+        self.cut_at = self.resumed_at = now
+        self.enter(Event.OVERLOAD, now)
+
+    def search_again(self, now: float, reason: str) -> None:
+        """Forget the edge (a limit that moved, a server that was down): search up again."""
+        self.edge, self.edge_held, self.risen_from, self.moved_at = None, False, None, -INF
+        self.enter(Event.REOPENED, now, reason)

@@ -1,0 +1,128 @@
+"""The log of answered sends, and the rates measured from it."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from .._controller import SlotState
+from ._tuning import AdaptiveTuning
+
+__all__ = ["SendLog"]
+
+INF = math.inf
+
+
+class SendLog(SlotState):
+    """The answered sends of the last two horizons, ``[sent_at, 1 if accepted else 0]``, in order.
+
+    Every rate the rate loop reasons with is counted here, exactly: a
+    refusal on a sliding one-second window then reads as the server's limit.
+    """
+
+    __slots__ = ("kept", "sends")
+    STATE = ("sends",)
+
+    def __init__(self, tuning: AdaptiveTuning) -> None:
+        self.kept = tuning.sends_kept
+        self.sends: list[list[float]] = []
+
+    def __repr__(self) -> str:
+        return f"<SendLog {len(self.sends)} sends>"
+
+    def count(self, sent_at: float, *, accepted: bool, horizon: float, latency: float) -> None:
+        """Log an answered send; forget those older than two horizons and latencies."""
+        sends = self.sends
+        entry = [sent_at, 1 if accepted else 0]
+        if not sends or sent_at >= sends[-1][0]:
+            sends.append(entry)
+        else:  # answers arrive out of send order
+            bisect.insort(sends, entry)
+        oldest = sends[-1][0] - 2 * horizon - 2 * latency
+        drop = max(bisect.bisect_left(sends, [oldest]), len(sends) - self.kept)
+        if drop:
+            del sends[:drop]
+
+    def full(self) -> bool:
+        """Whether the log is cut short by its size (not by age)."""
+        return len(self.sends) == self.kept
+
+    def measured(self, start: float, end: float, *, accepted: bool, extra: int = 0) -> float:
+        """Sends (or acceptances) per second, sent after ``start`` up to ``end``.
+
+        ``extra`` adds requests not answered yet (in flight). If the log was
+        cut short by its size, the rate is taken over the span it covers.
+        """
+        sends = self.sends
+        first = bisect.bisect_right(sends, [start, INF])
+        last = bisect.bisect_right(sends, [end, INF])
+        if first == 0 and self.full() and sends[0][0] > start:
+            start = sends[0][0]
+        span = end - start
+        if span <= 0:
+            return 0.0
+        total = sum(entry[1] for entry in sends[first:last]) if accepted else last - first
+        return (total + extra) / span
+
+    def accepted_between(self, start: float, end: float) -> list[float]:
+        """The send instants of the acceptances sent after ``start`` up to ``end``."""
+        sends = self.sends
+        first = bisect.bisect_right(sends, [start, INF])
+        last = bisect.bisect_right(sends, [end, INF])
+        return [entry[0] for entry in sends[first:last] if entry[1]]
+
+    def paced(self, sent_at: float, horizon: float, since: float) -> float:
+        """Acceptances per second in the horizon up to the last accepted send before ``sent_at``.
+
+        A probe climbs slowly, so the server refuses it just past its limit.
+        A window then holds the limit's count in the horizon before the
+        refused send; a leaky bucket (nginx's ``limit_req`` without burst)
+        refuses as soon as two sends come closer than its interval, when
+        that horizon holds a request less, but the one ending at the last
+        accepted send holds them all. Counted in whole requests over one
+        horizon and over two (a fixed window's turn can fall inside either);
+        0 when the log does not reach back two horizons after ``since``.
+        """
+        sends = self.sends
+        last = bisect.bisect_left(sends, [sent_at])
+        while last and not sends[last - 1][1]:
+            last -= 1
+        if not last:
+            return 0.0
+        end = sends[last - 1][0]
+        if end - 2 * horizon < since:
+            return 0.0
+        one = self.measured(end - horizon, end, accepted=True)
+        two = self.measured(end - 2 * horizon, end, accepted=True)
+        return math.floor(min(one, two) * horizon) / horizon
+
+    def pace(self, start: float, end: float, fewest: int) -> float:
+        """The pace of the acceptances sent after ``start`` up to ``end`` (0: under ``fewest``).
+
+        ``n`` evenly spaced acceptances span ``n - 1`` intervals, so their
+        count over a span reads up to one more than their pace, and up to
+        one less when the span ends just before the next: at a few per
+        second, a tenth either way.
+        """
+        accepted = self.accepted_between(start, end)
+        if len(accepted) < fewest:
+            return 0.0
+        return (len(accepted) - 1) / (accepted[-1] - accepted[0])
+
+    def window_frees(self, in_flight: int, allowed: int, window: float) -> float | None:
+        """When a window of ``window`` seconds that lets ``allowed`` through has room for one more.
+
+        Counted from the acceptances of the last window and ``in_flight``;
+        ``None`` when it has room now or the log does not reach back a window.
+        """
+        sends = self.sends
+        if not sends:
+            return None
+        start = sends[-1][0] - window
+        if self.full() and sends[0][0] > start:
+            return None  # the log does not reach back a whole window: no count
+        accepted = self.accepted_between(start, INF)
+        over = len(accepted) + in_flight - allowed + 1
+        if over > 0 and accepted:
+            return accepted[min(over, len(accepted)) - 1] + window
+        return None

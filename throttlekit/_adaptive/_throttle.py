@@ -1,0 +1,174 @@
+"""Deciding on a refusal: an echo, a knock, a limit on requests in flight, or an edge to measure."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ._edge import set_edge
+from ._inflight import Verdict
+from ._parts import Parts
+from ._phase import Phase
+
+if TYPE_CHECKING:
+    from .._controller import ScopeView
+
+__all__ = ["on_throttle"]
+
+logger = logging.getLogger("throttlekit.adaptive")
+
+
+def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait: float) -> None:
+    """A refusal of a request sent at ``sent_at`` (the server told to wait ``wait`` seconds)."""
+    loop, closures = parts.rate_loop, parts.closures
+    closed = closures.closed_since(loop.cut_at)
+    if loop.echo(sent_at):
+        _echo(parts, sent_at, now, closed=closed)
+        return
+    # What the server accepted in the horizon before the refused send: those
+    # that answered, and (about) those still in flight.
+    flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
+    if _in_flight_limit(parts, scope, flying, sent_at, now):
+        return
+    if _told_wait(parts, scope, flying, sent_at, now, wait):
+        return
+    tuning = parts.config.tuning
+    latency = parts.concurrency_loop.latency
+    horizon = loop.horizon
+    slow = flying > 0 and latency is not None and latency > tuning.slow_latency * horizon
+    if slow:
+        # Those in flight left over the last ``latency`` seconds: about this
+        # share of them within the horizon, until they answer.
+        assert latency is not None
+        flying = round(flying * min(1.0, horizon / latency))
+    sent, edge = _measure(parts, sent_at, flying, slow=slow)
+    pause = 0.0
+    loop.cut_at = now
+    closures.cut()
+    if closed:
+        pause = closures.close(loop.cut_at)
+        edge = min(edge, (loop.edge or edge) * parts.config.overload_cut)
+    else:
+        closures.open(first=loop.phase is Phase.START and loop.risen_from is None)
+        if slow:
+            assert latency is not None
+            loop.refine_at = now + tuning.refine_latencies * latency
+            loop.refine_for, loop.refine_wait, loop.refine_phase = sent_at, wait, loop.phase
+            loop.measure_later(sent, max(edge, tuning.min_estimate), now, wait)
+            return
+    if edge <= 0:
+        edge = max(min(loop.rate, sent) * parts.config.overload_cut, tuning.min_estimate)
+    if set_edge(loop, scope, edge, sent, wait, now, pause, loop.phase):
+        parts.errors.new_edge()
+    loop.resumed_at = max(now + wait, loop.blocked_until)
+
+
+def refine(parts: Parts, scope: ScopeView, now: float) -> None:
+    """Count the edge of a slow server's refusal, now that what was in flight then has answered."""
+    loop, log = parts.rate_loop, parts.log
+    loop.refine_at = float("inf")
+    sent_at = loop.refine_for
+    horizon = loop.horizon
+    edge = log.measured(sent_at - horizon, sent_at, accepted=True)
+    if edge <= 0:
+        return
+    sent = log.measured(sent_at - horizon, sent_at, accepted=False)
+    if set_edge(loop, scope, edge, sent, loop.refine_wait, now, 0.0, loop.refine_phase):
+        parts.errors.new_edge()
+
+
+def _echo(parts: Parts, sent_at: float, now: float, *, closed: bool) -> None:
+    """An echo of the last cut measures nothing; if nothing got through since, wait a horizon.
+
+    One sent after that horizon and refused is a knock, as when the server
+    closes (a fixed window spent before its end does not let go of sends as
+    the window counted from them would).
+    """
+    loop = parts.rate_loop
+    horizon = parts.config.tuning.edge_horizon
+    if closed and sent_at >= loop.cut_at + horizon:
+        loop.block(now + parts.closures.close(loop.cut_at))
+    elif closed:
+        loop.block(loop.cut_at + horizon)
+
+
+def _in_flight_limit(
+    parts: Parts, scope: ScopeView, flying: int, sent_at: float, now: float
+) -> bool:
+    """Whether the refusal is a limit on requests in flight's; then it is handled."""
+    inflight = parts.inflight
+    verdict = inflight.refused(flying, sent_at, parts.log)
+    if verdict is Verdict.NOTHING:
+        return False
+    if verdict is Verdict.KNOWN:
+        parts.rate_loop.cut_at = now
+        return True
+    parts.concurrency_loop.cap(flying)
+    parts.rate_loop.cap(flying, now)
+    logger.debug(
+        "scope %s: refused at %d in flight each time, at %s/s: a concurrency limit",
+        scope.name,
+        flying,
+        inflight.rates(),
+    )
+    return True
+
+
+def _told_wait(
+    parts: Parts, scope: ScopeView, flying: int, sent_at: float, now: float, wait: float
+) -> bool:
+    """Weigh a wait the server told against the run; whether that settles the refusal.
+
+    The first refusal after a told wait longer than the run had been open:
+    if the server is still closed, knock until it opens; if the run since
+    has not got half as far, its window lets go of the last run's sends one
+    by one, and the last run and its wait were one window. If it has, a
+    fixed window reopened whole.
+    """
+    loop, closures = parts.rate_loop, parts.closures
+    told = closures.told_wait
+    closures.told_wait = None
+    if told is not None and not closures.run_ok + flying:
+        closures.run_at, closures.run_ok = told[0], int(told[1])
+    elif told is not None:
+        began, accepted, reopened_at = told
+        if closures.run_ok + flying < accepted / 2:
+            loop.cut_at = now
+            closures.restart()
+            loop.long_window(scope, reopened_at - began, accepted, now)
+            loop.resumed_at = max(now + wait, loop.blocked_until)
+            return True
+    run_at = closures.run_at
+    assert run_at is not None
+    if wait > loop.horizon and wait > sent_at - run_at and closures.run_ok > 1:
+        closures.told(now + wait, flying)
+    return False
+
+
+def _measure(parts: Parts, sent_at: float, flying: int, *, slow: bool) -> tuple[float, float]:
+    """The rate sent and the edge a refusal of ``sent_at`` measures, ``flying`` still in flight.
+
+    On a sliding one-second window the count is the server's limit; on a
+    longer window it is more, and the refusals that follow say so.
+    """
+    loop, log = parts.rate_loop, parts.log
+    horizon = loop.horizon
+    sent = log.measured(sent_at - horizon, sent_at, accepted=False, extra=flying)
+    edge = log.measured(sent_at - horizon, sent_at, accepted=True, extra=flying)
+    if slow:
+        return sent, edge
+    if loop.holding() and sent_at - 2 * horizon >= loop.resumed_at:
+        # Two horizons of sending without a pause: on fixed windows the last
+        # one can hold the end of one window and the start of the next (up
+        # to twice the limit); the two's mean cannot.
+        two = log.measured(sent_at - 2 * horizon, sent_at, accepted=True, extra=flying)
+        edge = min(edge, two)
+    elif loop.phase is Phase.PROBE:
+        edge = max(edge, log.paced(sent_at, horizon, loop.resumed_at))
+    elif loop.phase is Phase.CLIMB:
+        # Climbing evenly after a search was refused at once (a leaky
+        # bucket's sign): the pace it was accepted at is the finer count.
+        fewest = parts.config.tuning.pace_fewest
+        paced = log.paced(sent_at, horizon, loop.resumed_at)
+        edge = max(edge, paced, log.pace(sent_at - horizon, sent_at, fewest))
+    return sent, edge

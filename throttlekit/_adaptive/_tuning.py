@@ -1,0 +1,186 @@
+"""Every number Adaptive's parts decide with, named once with the reason for its value."""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import attrs
+
+__all__ = ["AdaptiveTuning", "Config"]
+
+
+class Config(Protocol):
+    """What the parts read of the user's configuration (:class:`~throttlekit.Adaptive`)."""
+
+    @property
+    def start_rate(self) -> float: ...
+    @property
+    def headroom(self) -> float: ...
+    @property
+    def hold(self) -> float: ...
+    @property
+    def max_hold(self) -> float: ...
+    @property
+    def overload_share(self) -> float: ...
+    @property
+    def overload_cut(self) -> float: ...
+    @property
+    def max_concurrency(self) -> int: ...
+    @property
+    def tuning(self) -> AdaptiveTuning: ...
+
+
+@attrs.frozen(kw_only=True)
+class AdaptiveTuning:
+    """The inner constants of :class:`~throttlekit.Adaptive`, for tests and benchmarks to vary.
+
+    The defaults are what the quality benchmark and the test sweep were
+    measured with; the user-facing knobs (start rate, headroom, holds,
+    overload share and cut) are fields of :class:`~throttlekit.Adaptive`.
+    """
+
+    # -- measuring rates -----------------------------------------------------------
+    #: Seconds over which a refusal's edge is counted until the server shows a
+    #: longer window: most quotas are per second.
+    edge_horizon: float = 1.0
+    #: Answered sends remembered: above 128/s one request is under 1 % of a
+    #: two-horizon count, and the state stays small.
+    sends_kept: int = 256
+    #: Seconds over which the scope's own send rate is measured (the rate
+    #: never exceeds twice it, so an idle scope earns no burst).
+    send_rate_span: float = 1.0
+    #: Fewest acceptances whose spacing gives a pace (two give one interval).
+    pace_fewest: int = 3
+
+    # -- the search up -------------------------------------------------------------
+    #: Seconds between doublings of the rate while no limit has been met.
+    start_doubling: float = 0.5
+    #: The share of its rate a scope must use for the rate to double.
+    start_used: float = 0.5
+
+    # -- edges, holds and probes ---------------------------------------------------
+    #: A new edge restarts below itself, at this share, and climbs to the target.
+    new_edge_restart: float = 0.9
+    #: Seconds over which the rate climbs from its restart to the target.
+    recover_time: float = 2.0
+    #: An edge within this share of the old one confirms it (sends cross a
+    #: second's boundary unevenly, by a request or so)...
+    near_share: float = 0.07
+    #: ...or within a request over the horizon, at most this share of it.
+    near_cap: float = 0.15
+    #: An edge below this share of one that had held means the limit dropped.
+    moved: float = 0.8
+    #: The widest the margin below the edge grows when refusals come while holding.
+    max_margin: float = 0.5
+    #: The share of the time a failed probe may cost (the server's wait after
+    #: it): with the 2 % headroom and some unevenness, 95 % of the edge or more.
+    probe_cost: float = 0.015
+    #: A probe's rise per second held, linear and quadratic (a convex climb:
+    #: slow near the edge, faster away from it).
+    probe_linear: float = 0.002
+    probe_quadratic: float = 0.004
+    #: Seconds over which a probe counts acceptances (at least; a long window's
+    #: horizon if longer): a long window accepts a burst until it fills.
+    probe_span: float = 2.0
+    #: Acceptances this share above the edge, and at least ``risen_fewest``
+    #: over the span, mean the limit rose.
+    risen_share: float = 1.1
+    risen_fewest: int = 5
+    #: The slowest rate an estimate may give (requests per second).
+    min_estimate: float = 0.01
+
+    # -- slow servers ----------------------------------------------------------------
+    #: A latency above this share of the horizon makes a refusal's count wait
+    #: for the answers of what was in flight.
+    slow_latency: float = 0.5
+    #: ...for this many latencies.
+    refine_latencies: float = 1.5
+
+    # -- closed servers --------------------------------------------------------------
+    #: The first wait after a knock is refused (seconds); it doubles per knock.
+    closed_wait: float = 0.5
+
+    # -- errors ----------------------------------------------------------------------
+    #: Fewest outcomes before the overload share is judged.
+    overload_fewest: int = 10
+    #: Seconds over which the send rate that an overload cut starts from is measured.
+    overload_rate_span: float = 2.0
+    #: The slowest rate an overload cut goes to (requests per second).
+    min_rate: float = 0.05
+    #: Accepted sends in a row after an overload cut that prove its errors came
+    #: from the rate, not at random: a server failing 10 % of requests at any
+    #: rate passes 40 in a row 1.5 times in 100 (5 %: 13 times).
+    clean_proof: int = 40
+    #: While holding below the edge of a limit that refuses with errors, the
+    #: share of errors among the sends of the last two horizons above which
+    #: they are its refusals (the edge is lower than measured), not random ones.
+    hold_errors: float = 0.1
+    #: Fewer errors widen the margin up to this (what random errors may cost
+    #: while they look like a limit's refusals)...
+    error_margin: float = 0.08
+    #: ...when ``widen_fewest`` or more come within ``widen_span`` seconds and
+    #: make ``widen_share`` of the sends or more.
+    widen_fewest: int = 3
+    widen_span: float = 10.0
+    widen_share: float = 0.02
+    #: Once they widened it, errors that come at this share of the one that
+    #: did or more, held lower, are random ones (a limit's refusals thin out).
+    widen_random: float = 0.8
+    #: Cuts for such errors while holding, in a row, after which they are
+    #: taken for random ones (a cut below a limit's edge stops its refusals).
+    hold_cuts: int = 2
+    #: A hold after an overload cut whose errors are below this share of the
+    #: share that cut (the cut thinned them, as a limit's refusals thin) is
+    #: tried lower, at the rate that got through.
+    thinned: float = 0.5
+
+    # -- a limit on requests in flight -------------------------------------------------
+    #: Refusals at one count in flight that make it a concurrency limit...
+    inflight_refusals: int = 3
+    #: ...at rates whose highest is more than this times the lowest...
+    inflight_spread: float = 1.25
+    #: ...and a count of at least this many.
+    inflight_fewest: int = 2
+
+    # -- the concurrency loop ----------------------------------------------------------
+    #: The concurrency limit at the start (Vegas slow start doubles it per round).
+    start_concurrency: int = 2
+    #: The weight of a new latency in the moving mean.
+    latency_weight: float = 0.1
+    #: Vegas thresholds: grow below this many requests queued at the server,
+    #: shrink above the other.
+    queue_low: float = 1.5
+    queue_high: float = 4.0
+    #: A queue far above the high threshold shrinks the limit by this factor
+    #: (else by one).
+    shrink: float = 0.9
+    #: The latencies of one round: enough for a stable mean of varied service
+    #: times, or, when they come slowly, at least the fewer ones of
+    #: ``round_time`` seconds.
+    round_size: int = 30
+    round_fewest: int = 3
+    round_time: float = 2.0
+    #: The windowed minimum RTT keeps two epochs of this length (seconds).
+    rtt_epoch: float = 30.0
+    #: Latencies whose spread is this share of their mean or more are varied:
+    #: the floor's noise is corrected for, and the thresholds stay.
+    varied: float = 0.5
+    #: The floor's correction counts at least this many rounds (two standard
+    #: errors, at least: sqrt(2 ln e^2) = 2).
+    few_rounds: float = math.exp(2.0)
+    #: The correction raises the floor by at most this share of it: a few
+    #: slow answers among many fast ones (a cache in front of an origin) vary
+    #: the means so much that a larger one would hide the origin's queue.
+    floor_correction: float = 0.5
+    #: With steady latencies, the low threshold is at most this share of the
+    #: requests being served (a server that serves few at once).
+    few_low: float = 0.5
+    #: A failure after this many seconds, and this many times the mean
+    #: latency, hung: the server was not serving it.
+    hung: float = 1.0
+    hung_latencies: float = 4.0
+    #: Hung requests give no places back while errors are this share of the
+    #: overload share or more (a server so overloaded that requests time out
+    #: in its queue is to be backed off).
+    hung_errors: float = 0.5
