@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import anyio
 import attrs
@@ -31,6 +32,7 @@ from benchmarks.quality import (  # noqa: E402
     CLIENTS,
     SITES,
     _plan_runs,
+    _policy_checks,
     adaptive_available,
     allowed,
     allowed_rate,
@@ -196,15 +198,15 @@ def test_every_site_kind_of_the_issue_is_there() -> None:
     assert {site.kind for site in SITES} == {"policy", "load", "errors", "unlimited"}
 
 
-def test_the_long_window_runs_five_windows_with_every_client_at_once(tmp_path: Path) -> None:
+def test_the_long_window_runs_ten_windows_with_every_client_at_once(tmp_path: Path) -> None:
     budgets = {site.name: site.seconds or BUDGET for site in SITES}
-    assert budgets["long-window"] == 5 * 60.0
+    assert budgets["long-window"] == 10 * 60.0
     groups = _plan_runs(SITES, list(CLIENTS), budgets, False, tmp_path)
     long = [group for group in groups if any(run.budget != BUDGET for run in group)]
     assert len(long) == 1
     assert [run.client for run in long[0]] == list(CLIENTS)
     assert {(site.name, run.budget) for run in long[0] for site in run.sites} == {
-        ("long-window", 300.0)
+        ("long-window", 600.0)
     }
     # Each client's group of policy sites leaves it out.
     assert all(
@@ -456,3 +458,43 @@ def test_tuning_entry_point_runs_part_of_the_suite(tmp_path: Path) -> None:
     assert set(suite["data"]["sites"]) == {"quota", "capacity"}
     assert all(len(case["series"]) == 2 for case in suite["data"]["cases"]["quota"].values())
     assert "PASS" in process.stdout or "MISS" in process.stdout
+
+
+def _case(**fields: Any) -> dict[str, Any]:
+    case = {
+        "reach_s": 5.0,
+        "judged_share": 0.93,
+        "judged_over": "the second half",
+        "share": 0.9,
+        "share_second_half": 0.93,
+        "refused_share": 0.01,
+        "inside_waits": 0,
+        "follow_s": [],
+        "p95_ms": 50.0,
+    }
+    return {**case, **fields}
+
+
+def test_a_whole_second_fixed_window_is_judged_against_the_burst_and_wait_ceiling() -> None:
+    site = next(site for site in SITES if site.name == "header-quota")
+    checks, target = _policy_checks(site, _case(judged_share=0.91))
+    assert "90.5% of the allowed rate" in target  # 0.95 * 1 / (1 + 0.05)
+    assert all(passed for _, passed in checks)
+    checks, _ = _policy_checks(site, _case(judged_share=0.90))
+    assert not checks[0][1]
+
+
+def test_the_long_window_is_judged_by_its_refusals_and_the_changing_quota_by_its_follow_times() -> (
+    None
+):
+    long = next(site for site in SITES if site.name == "long-window")
+    checks, target = _policy_checks(long, _case(judged_share=0.5, refused_share=0.019))
+    assert target.startswith("< 2% refused")
+    assert all(passed for _, passed in checks)
+    changing = next(site for site in SITES if site.name == "changing")
+    checks, _ = _policy_checks(changing, _case(follow_s=[2.5, 14.0]))
+    assert all(passed for _, passed in checks)
+    checks, _ = _policy_checks(changing, _case(follow_s=[4.5, 14.0]))
+    assert [passed for _, passed in checks] == [True, False, True, True]
+    checks, _ = _policy_checks(changing, _case(follow_s=[2.0, None]))
+    assert not checks[1][1]
