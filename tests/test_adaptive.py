@@ -686,6 +686,26 @@ def test_random_errors_cost_little(backend: str) -> None:
     assert sent >= 0.9 * clean_sent
 
 
+def test_a_minute_window_with_bare_429s_is_probed_every_few_windows_and_its_rise_followed() -> None:
+    """60 per sliding minute: under 2 % refused over ten windows, a rise followed within five.
+
+    Probing every ``max_hold`` (a window) cost one refusal per window (2.5 %).
+    """
+    server = QuotaServer(
+        limit=60, window=60.0, sliding=True, retry_after=None, changes=((600.0, 120),)
+    )
+    trace = _run(server, 900.0, "asyncio")
+    first = [r for r in trace.requests if r.sent is not None and r.sent < 600.0]
+    refused = sum(1 for r in first if r.status == 429)
+    assert refused < 0.02 * len(first), refused
+    followed = next(
+        (start for start in range(600, 900) if _ok_rate(trace, start, start + 60) >= 0.9 * 2),
+        None,
+    )
+    assert followed is not None
+    assert followed <= 600 + 4 * 60, followed
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("limit", "window", "seconds"), [(60, 60.0, 300.0), (30, 10.0, 120.0)])
 def test_a_long_window_answering_503_is_waited_out_not_knocked_at(

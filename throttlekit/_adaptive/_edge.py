@@ -129,12 +129,15 @@ def _hold(loop: RateLoop, hold_for: float, wait: float, now: float, *, confirmed
     probe's cost (one server-imposed wait) stays small; but for a while
     after the limit moved, every ``hold`` seconds (it may move back). Never
     shorter than the server's window: a probe before the window has let go
-    of the last one's sends would be judged by them.
+    of the last one's sends would be judged by them. At most ``max_hold``,
+    or a few windows of a long one (each of its failed probes costs a
+    refusal, and a probe every window would cost one per window).
     """
     config = loop.config
+    longest = max(config.max_hold, config.tuning.long_window_holds * loop.horizon)
     if now - loop.moved_at <= config.max_hold:
         hold = config.hold
     else:
-        hold = min(config.max_hold, hold_for * 2) if confirmed else config.hold
+        hold = min(longest, hold_for * 2) if confirmed else config.hold
         hold = max(hold, wait / config.tuning.probe_cost)
-    return min(config.max_hold, max(hold, loop.horizon))
+    return min(longest, max(hold, loop.horizon))

@@ -71,6 +71,11 @@ class AdaptiveTuning:
     near_cap: float = 0.15
     #: An edge below this share of one that had held means the limit dropped.
     moved: float = 0.8
+    #: A hold below a long window's edge may grow to this many of its windows
+    #: (``max_hold`` would probe a minute's window every window, and each failed
+    #: probe costs a refusal: 1.7 % of its sends); a rise is then followed
+    #: within five windows.
+    long_window_holds: float = 4.0
     #: The widest the margin below the edge grows when refusals come while holding.
     max_margin: float = 0.5
     #: The share of the time a failed probe may cost (the server's wait after
