@@ -256,14 +256,16 @@ def test_a_token_bucket_api_is_used_at_its_refill_rate(backend: str) -> None:
 
 @attrs.frozen
 class InFlightLimit:
-    """Refuses (a bare 429 in 1 ms) when ``limit`` requests are being served.
+    """Refuses (a bare ``status`` in 1 ms) when ``limit`` requests are being served.
 
-    Answers take ``latency`` seconds, from half to one and a half times that,
-    so the rate it allows varies while the number in flight does not.
+    Answers take ``latency`` seconds, give or take ``spread`` of that, so the
+    rate it allows varies while the number in flight does not.
     """
 
     limit: int
     latency: float
+    status: int = 429
+    spread: float = 0.5
 
     def start(self, rng: random.Random) -> Responder:
         ends: list[float] = []
@@ -271,8 +273,8 @@ class InFlightLimit:
         def answer(request: SimRequest, now: float) -> SimResponse:
             ends[:] = [end for end in ends if end > now]
             if len(ends) >= self.limit:
-                return SimResponse(status=429, latency=0.001)
-            latency = self.latency * rng.uniform(0.5, 1.5)
+                return SimResponse(status=self.status, latency=0.001)
+            latency = self.latency * rng.uniform(1 - self.spread, 1 + self.spread)
             ends.append(now + latency)
             return SimResponse(status=200, latency=latency)
 
@@ -288,6 +290,20 @@ def test_a_limit_on_requests_in_flight_is_found_and_kept(backend: str) -> None:
     late = [r for r in trace.requests if r.sent is not None and r.sent >= 60]
     assert not any(r.status == 429 for r in late)
     assert _refused(trace) < 0.02
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("spread", [0.0, 0.3])
+def test_nginx_limit_conn_answering_503_at_once_is_found_within_seconds(
+    spread: float, backend: str
+) -> None:
+    # 4 in process before a 100 ms origin: 40/s. Its 503s were taken for a
+    # rate limit's, then for overload: 90 % only after 42 s, 70-89 % after.
+    trace = _run(InFlightLimit(limit=4, latency=0.1, status=503, spread=spread), 60.0, backend)
+    assert _ok_rate(trace, 30, 60) >= 0.95 * 40.0
+    assert _time_to(trace, 0.9 * 40.0) <= 15.0
+    sent = [r for r in trace.requests if r.sent is not None]
+    assert sum(1 for r in sent if r.status == 503) < 0.02 * len(sent)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

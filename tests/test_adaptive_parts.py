@@ -246,11 +246,29 @@ def test_refusals_at_one_count_at_rates_apart_are_a_limit_in_flight() -> None:
     assert detector.count is None
 
 
-def test_refusals_at_one_count_at_one_rate_are_a_rate_limit() -> None:
+def test_refusals_at_one_count_at_one_rate_are_a_rate_limit_if_more_were_accepted() -> None:
     detector = InFlightLimit(TUNING)
     for sent_at in (10.0, 20.0, 30.0):
         log = _log(*((sent_at - 1 + (i + 0.5) / 10, True) for i in range(10)))
         assert detector.refused(4, sent_at, log) is Verdict.NOTHING
+        detector.accepted(6)  # more in flight than it refused at
+
+
+def test_refusals_at_one_count_when_never_more_were_accepted_are_a_limit_in_flight() -> None:
+    detector = InFlightLimit(TUNING)
+    verdicts = []
+    for sent_at in (10.0, 20.0, 30.0):
+        log = _log(*((sent_at - 1 + (i + 0.5) / 10, True) for i in range(10)))
+        detector.accepted(4)
+        verdicts.append(detector.refused(4, sent_at, log))
+    assert verdicts == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
+
+
+def test_errors_are_only_counted_until_judged() -> None:
+    detector = InFlightLimit(TUNING)
+    for sent_at in (10.0, 20.0, 30.0):
+        assert detector.refused(4, sent_at, _log(), judge=False) is Verdict.NOTHING
+    assert detector.refused(4, 31.0, _log()) is Verdict.FOUND
 
 
 # -- the judge of errors -----------------------------------------------------------------------

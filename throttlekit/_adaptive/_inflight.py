@@ -23,23 +23,40 @@ class InFlightLimit(SlotState):
     """Refusals at one number in flight, at rates that differ, are a limit on requests in flight.
 
     A server that limits requests in flight refuses at the same count
-    whatever the rate (which varies with its latency); a rate limit, at the
-    same rate whatever the count. A refusal at a lower count disproves it.
+    whatever the rate (which varies with its latency), and never accepts
+    more at once than that count; a rate limit refuses at the same rate
+    whatever the count. Refusals at one count are a limit in flight when
+    their rates differ, or when no answer accepted since came with more in
+    flight. A refusal at a lower count disproves it.
     """
 
-    __slots__ = ("count", "refusals", "tuning")
-    STATE = ("count", "refusals")
+    __slots__ = ("above", "count", "refusals", "tuning")
+    STATE = ("above", "count", "refusals")
 
     def __init__(self, tuning: AdaptiveTuning) -> None:
         self.tuning = tuning
         self.count: int | None = None  # the limit on requests in flight, once found
         self.refusals: list[list[float]] = []  # [in flight, rate] at the last refusals
+        # Whether an answer accepted since the first of those refusals had
+        # more in flight than they had (a limit on requests in flight does
+        # not accept more than it refuses at).
+        self.above = False
 
     def __repr__(self) -> str:
         return f"<InFlightLimit count={self.count}>"
 
-    def refused(self, flying: int, sent_at: float, log: SendLog) -> Verdict:
-        """A refusal of a request sent at ``sent_at`` with ``flying`` others in flight."""
+    def accepted(self, in_flight: int) -> None:
+        """An accepted answer, with ``in_flight`` requests in flight (itself included)."""
+        refusals = self.refusals
+        if refusals and in_flight > refusals[-1][0]:
+            self.above = True
+
+    def refused(self, flying: int, sent_at: float, log: SendLog, *, judge: bool = True) -> Verdict:
+        """A refusal of a request sent at ``sent_at`` with ``flying`` others in flight.
+
+        With ``judge`` false it is only counted (an error that may be a
+        random one: the caller judges once errors are many).
+        """
         tuning = self.tuning
         if self.count is not None:
             if flying < self.count:  # refused below the limit found: not (only) one
@@ -49,15 +66,18 @@ class InFlightLimit(SlotState):
         horizon = tuning.edge_horizon
         rate = log.measured(sent_at - horizon, sent_at, accepted=True) + flying
         refusals = self.refusals
+        if refusals and refusals[-1][0] != flying:
+            self.above = False
         refusals.append([flying, rate])
         del refusals[: -tuning.inflight_refusals]
         counts = {count for count, _ in refusals}
         rates = [rate for _, rate in refusals]
         if (
-            len(refusals) < tuning.inflight_refusals
+            not judge
+            or len(refusals) < tuning.inflight_refusals
             or len(counts) > 1
             or flying < tuning.inflight_fewest
-            or max(rates) <= tuning.inflight_spread * min(rates)
+            or (self.above and max(rates) <= tuning.inflight_spread * min(rates))
         ):
             return Verdict.NOTHING
         self.count = flying

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ._parts import Parts
 from ._phase import Event, Phase
-from ._throttle import on_throttle
+from ._throttle import in_flight_limit, on_throttle
 
 if TYPE_CHECKING:
     from .._controller import ScopeView
@@ -37,6 +37,12 @@ def on_error(
     were random all along: the scope forgets the edge and searches again.
     """
     loop, errors = parts.rate_loop, parts.errors
+    if status is not None and in_flight_limit(
+        parts, scope, max(0, scope.in_flight - 1), sent_at, now, judge=errors.overloaded()
+    ):
+        # Many errors, each at one number in flight: a limit on requests in
+        # flight that answers with errors (nginx's limit_conn answers 503).
+        return
     echo = loop.echo(sent_at)
     holding = loop.holding()
     searching = loop.phase in _ABOVE
@@ -59,12 +65,8 @@ def on_error(
                 return
     if not echo:
         errors.errors_clean = False
-        if errors.cut_tried:  # errors below what got through: random ones
-            # Back to the rate held, at the end of its hold.
-            loop.rate = loop.target = errors.cut_tried
-            errors.cut_tried, errors.cut_random_at = 0.0, now
-            loop.phase_at = now - loop.hold_for
-            logger.debug("scope %s: errors below what got through: random ones", scope.name)
+        if errors.cut_tried:
+            _random_below(parts, scope, now)
     if errors.overloaded() or (parts.closures.empty and not echo):
         # (Closed: a knock after the pause was refused too.)
         cut_for_overload(parts, scope, now)
@@ -95,6 +97,15 @@ def cut_for_overload(parts: Parts, scope: ScopeView, now: float) -> None:
         old_limit,
         concurrency.limit,
     )
+
+
+def _random_below(parts: Parts, scope: ScopeView, now: float) -> None:
+    """Errors below what got through are random ones: back to the rate held, at its hold's end."""
+    loop, errors = parts.rate_loop, parts.errors
+    loop.rate = loop.target = errors.cut_tried
+    errors.cut_tried, errors.cut_random_at = 0.0, now
+    loop.phase_at = now - loop.hold_for
+    logger.debug("scope %s: errors below what got through: random ones", scope.name)
 
 
 def _hold_errors(parts: Parts, sent_at: float) -> bool:

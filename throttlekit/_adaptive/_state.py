@@ -100,6 +100,7 @@ class AdaptiveState(Parts):
             errors_high=self.errors.errors_high(),
         )
         if kind is Kind.OK:
+            self.inflight.accepted(scope.in_flight)
             self._accepted(scope, sent_at, now)
         if not (kind is Kind.OVERLOAD and self.errors.errors_limit and loop.echo(sent_at)):
             # (An echo of a limit's refusal counts with that refusal: the end

@@ -13,7 +13,7 @@ from ._phase import Phase
 if TYPE_CHECKING:
     from .._controller import ScopeView
 
-__all__ = ["on_throttle"]
+__all__ = ["in_flight_limit", "on_throttle", "refine"]
 
 logger = logging.getLogger("throttlekit.adaptive")
 
@@ -28,7 +28,7 @@ def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait
     # What the server accepted in the horizon before the refused send: those
     # that answered, and (about) those still in flight.
     flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
-    if _in_flight_limit(parts, scope, flying, sent_at, now):
+    if in_flight_limit(parts, scope, flying, sent_at, now):
         return
     if _told_wait(parts, scope, flying, sent_at, now, wait):
         return
@@ -92,12 +92,15 @@ def _echo(parts: Parts, sent_at: float, now: float, *, closed: bool) -> None:
         loop.block(loop.cut_at + horizon)
 
 
-def _in_flight_limit(
-    parts: Parts, scope: ScopeView, flying: int, sent_at: float, now: float
+def in_flight_limit(
+    parts: Parts, scope: ScopeView, flying: int, sent_at: float, now: float, *, judge: bool = True
 ) -> bool:
-    """Whether the refusal is a limit on requests in flight's; then it is handled."""
+    """Whether the refusal is a limit on requests in flight's; then it is handled.
+
+    With ``judge`` false it is only counted (see :meth:`InFlightLimit.refused`).
+    """
     inflight = parts.inflight
-    verdict = inflight.refused(flying, sent_at, parts.log)
+    verdict = inflight.refused(flying, sent_at, parts.log, judge=judge)
     if verdict is Verdict.NOTHING:
         return False
     if verdict is Verdict.KNOWN:

@@ -143,7 +143,8 @@ class AdaptiveTuning:
     # -- a limit on requests in flight -------------------------------------------------
     #: Refusals at one count in flight that make it a concurrency limit...
     inflight_refusals: int = 3
-    #: ...at rates whose highest is more than this times the lowest...
+    #: ...at rates whose highest is more than this times the lowest (or with
+    #: no answer accepted at more in flight since)...
     inflight_spread: float = 1.25
     #: ...and a count of at least this many.
     inflight_fewest: int = 2
