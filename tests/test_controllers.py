@@ -760,3 +760,27 @@ def test_concurrency_cut_ends_for_an_unlimited_policy() -> None:
         ledger.refresh()
     assert ledger.concurrency is None
     assert state.level == 0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_backoff_jitter_never_takes_a_gap_above_max_delay(backend: str) -> None:
+    """Endless 429s with ``Backoff(max_delay=10, jitter=0.1)`` once gave 11 s gaps:
+    ``max_delay`` is a cap, so at the cap the jitter only shortens the delay."""
+    from throttlekit.testing import FixedServer, burst, simulate
+
+    policy = ScopePolicy(
+        concurrency=1, delay=0, backoff=Backoff(max_delay=10.0, jitter=0.1, window=1000.0)
+    )
+    trace = simulate(
+        policy,
+        FixedServer(status=429, latency=0.0),
+        burst(URL, 200),
+        duration=600.0,
+        backend=backend,
+        seed=1,
+    )
+    sent = [r.sent for r in trace.requests if r.sent is not None]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sent)]
+    assert len(gaps) > 40
+    assert max(gaps) <= 10.0 + 1e-9
+    assert min(gaps[-20:]) < 9.9  # still jittered (downwards) at the cap
