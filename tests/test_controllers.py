@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 from collections import deque
 from typing import Any
 
@@ -229,6 +230,34 @@ def test_autothrottle_debug_line_and_dont_adjust(caplog: pytest.LogCaptureFixtur
     assert state.delay == 3.0  # autothrottle_dont_adjust_delay: ignored
     state.on_feedback(ledger, Feedback(exception=TimeoutError()), 2.0)
     assert state.delay == 3.0  # no response, no latency: ignored
+
+
+@pytest.mark.anyio
+async def test_autothrottle_debug_conc_counts_the_answered_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As Scrapy's ``conc`` (the slot's transfers, the answered one included),
+    also when the limiter is driven directly and the response is recorded
+    after the permit was given back."""
+    policy = ScopePolicy(
+        concurrency=4, delay=0.0, autothrottle=AutoThrottle(debug=True, start_delay=0.0)
+    )
+    limiter = Limiter(default=policy)
+
+    async def fetch(hold: float) -> None:
+        async with limiter.acquire(URL) as permit:
+            await anyio.sleep(hold)
+            permit.record(status=200, latency=0.1)
+
+    with caplog.at_level(logging.INFO, logger="throttlekit.autothrottle"):
+        async with anyio.create_task_group() as tg:
+            for hold in (1.0, 2.0, 3.0):
+                tg.start_soon(fetch, hold)
+        async with limiter.acquire(URL) as permit:
+            pass
+        permit.record(status=200, latency=0.1)
+    concs = [re.search(r"conc: *(\d+)", message).group(1) for message in caplog.messages]
+    assert concs == ["3", "2", "1", "1"]
 
 
 def test_autothrottle_settings() -> None:
