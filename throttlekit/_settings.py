@@ -7,7 +7,6 @@ import importlib
 import json
 import math
 import re
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -16,29 +15,33 @@ import attrs
 from ._adaptive import Adaptive
 from ._autothrottle import AutoThrottle
 from ._backoff import DEFAULT_BACKOFF_EXCEPTIONS, DEFAULT_BACKOFF_HTTP_CODES, Backoff
+from ._controller import Controller
 from ._policy import ScopePolicy
 from ._rampup import Rampup
 
 __all__ = [
     "DEFAULT_SETTINGS",
+    "check_setting_names",
     "limiter_options",
     "misspelt_settings",
     "read_bool",
     "read_float",
     "read_int",
-    "warn_misspelt_settings",
 ]
 
 #: Every setting :meth:`Limiter.from_settings` reads, with its default.
 DEFAULT_SETTINGS: dict[str, Any] = {
     "CONCURRENT_REQUESTS": 16,
     "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+    "THROTTLING_SCOPE_CONCURRENCY": None,
+    "THROTTLING_SCOPE_LIMIT": 100_000,
     "DOWNLOAD_DELAY": 1.0,
     "DOWNLOAD_DELAY_PER_SLOT": 1.0,
     "RANDOMIZE_DOWNLOAD_DELAY": True,
     "THROTTLING_WINDOW": 60.0,
     "THROTTLING_MAX_STALL": None,
     "THROTTLING_SCOPES": {},
+    "DOWNLOAD_SLOTS": {},
     "THROTTLING_ROBOTSTXT_MAX_DELAY": 60.0,
     "BACKOFF_HTTP_CODES": sorted(DEFAULT_BACKOFF_HTTP_CODES),
     "BACKOFF_EXCEPTIONS": list(DEFAULT_BACKOFF_EXCEPTIONS),
@@ -76,7 +79,18 @@ OTHER_SETTINGS = frozenset(
 )
 #: A setting whose name starts with one of these and that nothing reads is
 #: most likely a misspelling of one that something does.
-CHECKED_PREFIXES = ("DOWNLOAD_DELAY", "AUTOTHROTTLE_", "BACKOFF_", "RAMPUP_", "THROTTLING_")
+CHECKED_PREFIXES = (
+    "CONCURRENT_REQUESTS",
+    "DOWNLOAD_DELAY",
+    "AUTOTHROTTLE_",
+    "BACKOFF_",
+    "RAMPUP_",
+    "THROTTLING_",
+)
+#: So is any other name this close to a known one (difflib's ratio): one
+#: letter dropped from ``CONCURRENT_REQUESTS`` is 0.97, while Scrapy's
+#: ``DOWNLOAD_TIMEOUT`` against ``DOWNLOAD_DELAY`` is 0.73.
+MISSPELT_RATIO = 0.85
 
 _POLICY_KEYS = {
     "concurrency": "concurrency",
@@ -105,6 +119,7 @@ _SECONDS = "a finite number of seconds"
 #: the same ranges once the value is a number.
 _ALLOWED = {
     "CONCURRENT_REQUESTS": "an int >= 0 (0 = unlimited)",
+    "THROTTLING_SCOPE_LIMIT": "an int >= 1",
     "THROTTLING_ROBOTSTXT_MAX_DELAY": f"{_SECONDS} >= 0",
     "concurrency": "an int >= 1",
     "delay": f"{_SECONDS} >= 0",
@@ -159,33 +174,39 @@ _ADAPTIVE_KEYS = (
 
 
 def misspelt_settings(names: Iterable[Any], known: Iterable[str] = ()) -> dict[str, str]:
-    """The names of a throttling family that nothing reads, each with the closest known name.
+    """The names that look like a throttling setting but that nothing reads, each
+    with the closest known name.
 
-    A name is checked when it starts with one of :data:`CHECKED_PREFIXES`
-    (``DOWNLOAD_DELAY*``, ``AUTOTHROTTLE_*``, ``BACKOFF_*``, ``RAMPUP_*``,
-    ``THROTTLING_*``); ``known`` adds names read by someone else (e.g. the
-    crawler framework's own settings).
+    A name is suspect when it starts with one of :data:`CHECKED_PREFIXES`
+    (``CONCURRENT_REQUESTS*``, ``DOWNLOAD_DELAY*``, ``AUTOTHROTTLE_*``,
+    ``BACKOFF_*``, ``RAMPUP_*``, ``THROTTLING_*``) or is within
+    :data:`MISSPELT_RATIO` of a name throttlekit reads; ``known`` adds names
+    read by someone else (e.g. the crawler framework's own settings).
     """
-    readable = {*DEFAULT_SETTINGS, *OTHER_SETTINGS, *known}
-    candidates = sorted(readable)
+    ours = sorted({*DEFAULT_SETTINGS, *OTHER_SETTINGS})
+    readable = {*ours, *known}
     found = {}
     for name in names:
-        if not isinstance(name, str) or name in readable or not name.startswith(CHECKED_PREFIXES):
+        if not isinstance(name, str) or name in readable:
             continue
-        closest = difflib.get_close_matches(name, candidates, n=1, cutoff=0.0)
-        found[name] = closest[0]
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=MISSPELT_RATIO)
+        if close or name.startswith(CHECKED_PREFIXES):
+            found[name] = (close or difflib.get_close_matches(name, ours, n=1, cutoff=0.0))[0]
     return found
 
 
-def warn_misspelt_settings(
-    names: Iterable[Any], known: Iterable[str] = (), *, stacklevel: int = 1
-) -> None:
-    """Warn (``UserWarning``) about each name :func:`misspelt_settings` finds."""
-    for name, closest in misspelt_settings(names, known).items():
-        warnings.warn(
-            f"unknown setting {name}, ignored: did you mean {closest}?",
-            UserWarning,
-            stacklevel=stacklevel + 1,
+def check_setting_names(names: Iterable[Any], known: Iterable[str] = ()) -> None:
+    """Raise :class:`ValueError` naming each setting :func:`misspelt_settings` finds.
+
+    A misspelt throttling setting would leave the crawl throttled otherwise
+    than its author wrote, so it is an error, as on the command line.
+    """
+    found = misspelt_settings(names, known)
+    if found:
+        raise ValueError(
+            "; ".join(
+                f"unknown setting {name}: did you mean {close}?" for name, close in found.items()
+            )
         )
 
 
@@ -432,12 +453,12 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
 
     ``settings`` is any mapping (or Scrapy's ``Settings``); missing names take
     the defaults in :data:`DEFAULT_SETTINGS`. Invalid values raise
-    :class:`ValueError`/:class:`TypeError` naming the setting; a misspelt
-    name warns (:func:`warn_misspelt_settings`). The ``AUTOTHROTTLE_*``
+    :class:`ValueError`/:class:`TypeError` naming the setting, and so does a
+    misspelt name (:func:`check_setting_names`). The ``AUTOTHROTTLE_*``
     values are checked only when AutoThrottle is enabled, globally or for
     a scope.
     """
-    warn_misspelt_settings(settings, stacklevel=3)  # the caller of Limiter.from_settings
+    check_setting_names(settings)
     backoff = _default_backoff(settings)
     autothrottle = None
     if read_bool(_get(settings, "AUTOTHROTTLE_ENABLED"), "AUTOTHROTTLE_ENABLED"):
@@ -445,6 +466,9 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     target = _rampup_target(_get(settings, "RAMPUP_BACKOFF_TARGET"), "RAMPUP_BACKOFF_TARGET")
     rampup = _built(Rampup, {"target": target}, {"target": "RAMPUP_BACKOFF_TARGET"})
     adaptive = _adaptive_setting(_get(settings, "THROTTLING_ADAPTIVE"))
+    concurrency_setting = "CONCURRENT_REQUESTS_PER_DOMAIN"
+    if settings.get("THROTTLING_SCOPE_CONCURRENCY") is not None:
+        concurrency_setting = "THROTTLING_SCOPE_CONCURRENCY"  # Scrapy's newer name wins
     defaults: dict[str, Any] = {
         "backoff": backoff,
         "rampup": rampup,
@@ -455,16 +479,10 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     try:
         default = ScopePolicy(
             concurrency=read_int(
-                _get(settings, "CONCURRENT_REQUESTS_PER_DOMAIN"),
-                "CONCURRENT_REQUESTS_PER_DOMAIN",
-                _allowed("concurrency"),
+                _get(settings, concurrency_setting), concurrency_setting, _allowed("concurrency")
             ),
-            delay=read_float(_get(settings, "DOWNLOAD_DELAY"), "DOWNLOAD_DELAY", _allowed("delay")),
-            slot_delay=read_float(
-                _get(settings, "DOWNLOAD_DELAY_PER_SLOT"),
-                "DOWNLOAD_DELAY_PER_SLOT",
-                _allowed("slot_delay"),
-            ),
+            delay=_delay(settings, "DOWNLOAD_DELAY", adaptive),
+            slot_delay=_delay(settings, "DOWNLOAD_DELAY_PER_SLOT", adaptive),
             jitter=_jitter(_get(settings, "RANDOMIZE_DOWNLOAD_DELAY"), "RANDOMIZE_DOWNLOAD_DELAY"),
             window=read_float(
                 _get(settings, "THROTTLING_WINDOW"), "THROTTLING_WINDOW", _allowed("window")
@@ -475,7 +493,8 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
             adaptive=adaptive,
         )
     except (TypeError, ValueError) as exc:
-        setting = _POLICY_SETTINGS.get(str(exc).split(" ", 1)[0])
+        field = str(exc).split(" ", 1)[0]
+        setting = concurrency_setting if field == "concurrency" else _POLICY_SETTINGS.get(field)
         where = "invalid throttling settings" + (f": {setting}" if setting else "")
         raise _renamed(exc, where) from None
     allowed = _allowed("CONCURRENT_REQUESTS")
@@ -488,62 +507,136 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     )
     if robots_cap < 0:
         raise ValueError(f"THROTTLING_ROBOTSTXT_MAX_DELAY must be {allowed}, got {robots_cap!r}")
-    scopes_setting = _get(settings, "THROTTLING_SCOPES") or {}
-    if isinstance(
-        scopes_setting, str
-    ):  # as given on a command line: scrapy -s THROTTLING_SCOPES=...
-        try:
-            scopes_setting = json.loads(scopes_setting)
-        except ValueError:
-            raise ValueError(
-                f"THROTTLING_SCOPES must be a dict or its JSON text, got {scopes_setting!r}"
-            ) from None
-    if not isinstance(scopes_setting, Mapping):
-        raise TypeError(f"THROTTLING_SCOPES must be a dict of scope → dict, got {scopes_setting!r}")
-    policies: dict[str, ScopePolicy] = {}
-    for scope, options in scopes_setting.items():
-        where = f"THROTTLING_SCOPES[{scope!r}]"
-        if not isinstance(scope, str) or not scope.strip():
-            raise ValueError(
-                f"THROTTLING_SCOPES keys must be scope names (non-empty str), got {scope!r}"
-            )
-        if not isinstance(options, Mapping):
-            raise TypeError(f"{where} must be a dict of policy keys, got {options!r}")
-        changes: dict[str, Any] = {}
-        key_of: dict[str, str] = {}  # field → the key that set it, for errors
-        for key, value in options.items():
-            name = f"{where}[{key!r}]"
-            if key in _CONTROLLER_KEYS:
-                changes.update(_controller_option(key, value, name, defaults))
-                continue
-            field = _POLICY_KEYS.get(key)
-            if field is None:
-                known = ", ".join(sorted({*_POLICY_KEYS, *_CONTROLLER_KEYS}))
-                raise ValueError(f"{where} has unknown key {key!r}; known keys: {known}")
-            if field == "jitter":
-                value = _jitter(value, name)
-            elif field == "ignore_robots_txt":
-                value = read_bool(value, name)
-            elif field == "concurrency":
-                if value is not None:  # None: unlimited
-                    value = read_int(value, name, f"{_allowed(field)} or None (unlimited)")
-            elif field == "quota":
-                if value is not None:  # None: no quota
-                    value = read_float(value, name, f"{_allowed(field)} or None (no quota)")
-            elif field == "max_stall":
-                value = _max_stall(value, name)
-            else:
-                value = read_float(value, name, _allowed(field))
-            changes[field] = value
-            key_of[field] = key
-        try:
-            policies[scope] = attrs.evolve(default, **changes)
-        except (TypeError, ValueError) as exc:
-            key = key_of.get(str(exc).split(" ", 1)[0])
-            raise _renamed(exc, where if key is None else f"{where}[{key!r}]") from None
+    policies = _scope_policies(settings, default, defaults)
+    allowed = _allowed("THROTTLING_SCOPE_LIMIT")
+    max_scopes = read_int(
+        _get(settings, "THROTTLING_SCOPE_LIMIT"), "THROTTLING_SCOPE_LIMIT", allowed
+    )
+    if max_scopes < 1:
+        raise ValueError(f"THROTTLING_SCOPE_LIMIT must be {allowed}, got {max_scopes!r}")
     return {
         "default": default,
         "scopes": policies,
         "concurrency": cap if cap > 0 else None,
         "robotstxt_max_delay": robots_cap,
+        "max_scopes": max_scopes,
     }
+
+
+def _delay(settings: Mapping[str, Any], name: str, adaptive: Adaptive | None) -> float:
+    """``DOWNLOAD_DELAY`` or ``DOWNLOAD_DELAY_PER_SLOT``: under Adaptive, a delay not
+    given is 0, as in :class:`ScopePolicy` (it is Adaptive's ceiling)."""
+    if adaptive is not None and settings.get(name) is None:
+        return 0.0
+    field = "delay" if name == "DOWNLOAD_DELAY" else "slot_delay"
+    return read_float(_get(settings, name), name, _allowed(field))
+
+
+def _mapping_setting(settings: Mapping[str, Any], name: str) -> Mapping[Any, Any]:
+    """A dict setting (or its JSON text, as given on a command line: ``-s NAME='{...}'``)."""
+    value = settings.get(name)
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a dict or its JSON text, got {value!r}") from None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict of scope → dict, got {value!r}")
+    return value
+
+
+#: Scrapy's ``DOWNLOAD_SLOTS`` keys, as ``THROTTLING_SCOPES`` keys.
+_SLOT_KEYS = {"concurrency": "concurrency", "delay": "delay", "randomize_delay": "jitter"}
+
+
+def _scope_entries(settings: Mapping[str, Any]) -> dict[str, list[tuple[str, str, Any]]]:
+    """Each scope's ``(name in errors, THROTTLING_SCOPES key, value)`` items: those of
+    Scrapy's ``DOWNLOAD_SLOTS`` first, then those of ``THROTTLING_SCOPES``, which win."""
+    entries: dict[str, list[tuple[str, str, Any]]] = {}
+    for setting in ("DOWNLOAD_SLOTS", "THROTTLING_SCOPES"):
+        for scope, options in _mapping_setting(settings, setting).items():
+            where = f"{setting}[{scope!r}]"
+            if not isinstance(scope, str) or not scope.strip():
+                raise ValueError(
+                    f"{setting} keys must be scope names (non-empty str), got {scope!r}"
+                )
+            if not isinstance(options, Mapping):
+                raise TypeError(f"{where} must be a dict of policy keys, got {options!r}")
+            items = entries.setdefault(scope, [])
+            for key, value in options.items():
+                if setting == "DOWNLOAD_SLOTS":
+                    if key not in _SLOT_KEYS:
+                        known = ", ".join(_SLOT_KEYS)
+                        raise ValueError(f"{where} has unknown key {key!r}; known keys: {known}")
+                    items.append((f"{where}[{key!r}]", _SLOT_KEYS[key], value))
+                else:
+                    items.append((f"{where}[{key!r}]", key, value))
+    return entries
+
+
+def _scope_policies(
+    settings: Mapping[str, Any], default: ScopePolicy, defaults: dict[str, Any]
+) -> dict[str, ScopePolicy]:
+    """The policy of each scope that ``THROTTLING_SCOPES`` or ``DOWNLOAD_SLOTS`` name."""
+    policies: dict[str, ScopePolicy] = {}
+    for scope, items in _scope_entries(settings).items():
+        changes: dict[str, Any] = {}
+        key_of: dict[str, str] = {}  # field → the name of the item that set it, for errors
+        for name, key, value in items:
+            if key in _CONTROLLER_KEYS:
+                changes.update(_controller_option(key, value, name, defaults))
+                key_of["controllers"] = name
+                continue
+            field = _POLICY_KEYS.get(key)
+            if field is None:
+                known = ", ".join(sorted({*_POLICY_KEYS, *_CONTROLLER_KEYS}))
+                where = name.rpartition("[")[0]
+                raise ValueError(f"{where} has unknown key {key!r}; known keys: {known}")
+            changes[field] = _policy_value(field, value, name)
+            key_of[field] = name
+        try:
+            policy = policies[scope] = attrs.evolve(default, **changes)
+        except (TypeError, ValueError) as exc:
+            setter = key_of.get(str(exc).split(" ", 1)[0])
+            raise _renamed(exc, setter or f"THROTTLING_SCOPES[{scope!r}]") from None
+        if "controllers" in changes:
+            _check_controllers(policy, key_of["controllers"])
+    return policies
+
+
+def _policy_value(field: str, value: Any, name: str) -> Any:
+    """The value of one policy key of a scope's entry, converted and checked."""
+    if field == "jitter":
+        return _jitter(value, name)
+    if field == "ignore_robots_txt":
+        return read_bool(value, name)
+    if field in ("concurrency", "quota") and value is None:
+        return None  # unlimited, no quota
+    if field == "concurrency":
+        return read_int(value, name, f"{_allowed(field)} or None (unlimited)")
+    if field == "quota":
+        return read_float(value, name, f"{_allowed(field)} or None (no quota)")
+    if field == "max_stall":
+        return _max_stall(value, name)
+    return read_float(value, name, _allowed(field))
+
+
+def _check_controllers(policy: ScopePolicy, name: str) -> None:
+    """Make one controller with each factory of ``policy`` now, so that an import
+    path of something else (``"builtins.len"``) fails here, not at the first request."""
+    for factory in policy.controllers:
+        try:
+            controller = factory(policy)
+        except Exception as exc:  # whatever a wrong callable raises
+            raise TypeError(
+                f"{name} must name a controller factory (a callable taking the ScopePolicy, "
+                f"e.g. a Controller class); calling {factory!r} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(controller, Controller):
+            raise TypeError(
+                f"{name} must name a controller factory; {factory!r} made {controller!r}, "
+                "not a Controller (see throttlekit.BaseController)"
+            )
