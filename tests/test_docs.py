@@ -14,7 +14,9 @@
      ``await``/``yield`` that only makes sense inside a function): compiled;
    * blocks with a ``:name:`` that another test module runs: checked to be
      found there;
-   * everything else: executed as a script.
+   * everything else: executed as a script. When a ``.. code-block:: text``
+     after it (before the next Python block) is preceded by the comment
+     ``.. prints``, that is what the script must print, exactly.
 
    Every ``literalinclude``'d example file has a dedicated test here that
    runs it against the local server and checks, from the server's records,
@@ -70,7 +72,7 @@ SLACK = 0.1
 
 _DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)\.\. (?P<name>[\w:-]+)::[ \t]*(?P<arg>.*)$")
 _OPTION = re.compile(r"^[ \t]*:(?P<name>[\w-]+):[ \t]*(?P<value>.*)$")
-_MARKER = re.compile(r"^[ \t]*\.\. (settings-fragment|code-fragment)[ \t]*$")
+_MARKER = re.compile(r"^[ \t]*\.\. (settings-fragment|code-fragment|prints)[ \t]*$")
 
 
 @attrs.frozen
@@ -82,6 +84,7 @@ class Block:
     source: str
     marker: str | None  # "settings-fragment", "code-fragment" or None
     name: str | None  # the :name: option
+    output: str | None = None  # what it prints: the text block marked ``.. prints``
 
     @property
     def id(self) -> str:
@@ -152,14 +155,12 @@ def marker_before(page: Path, line: int) -> str | None:
 
 
 def python_blocks() -> list[Block]:
-    blocks = []
+    blocks: list[Block] = []
     for page in PAGES:
         for directive in directives(page):
-            if directive.name in ("code-block", "code", "sourcecode") and directive.argument in (
-                "python",
-                "python3",
-                "py",
-            ):
+            if directive.name not in ("code-block", "code", "sourcecode"):
+                continue
+            if directive.argument in ("python", "python3", "py"):
                 blocks.append(
                     Block(
                         page=page,
@@ -169,6 +170,10 @@ def python_blocks() -> list[Block]:
                         name=directive.options.get("name"),
                     )
                 )
+            elif directive.argument == "text" and marker_before(page, directive.line) == "prints":
+                if not blocks or blocks[-1].page != page or blocks[-1].output is not None:
+                    raise ValueError(f"{page}:{directive.line}: output of no single Python block")
+                blocks[-1] = attrs.evolve(blocks[-1], output=directive.content)
     return blocks
 
 
@@ -329,12 +334,21 @@ def load_example(name: str) -> ModuleType:
 
 @pytest.mark.parametrize("block", SCRIPTS, ids=ids(SCRIPTS))
 def test_example_runs(
-    block: Block, server: LocalServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    block: Block,
+    server: LocalServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(tmp_path)
     code = compile(block.source, block.id, "exec")
     exec(code, {"__name__": "__main__", "__file__": block.id})
     server.wait_idle()
+    if block.output is not None:
+        printed = capsys.readouterr().out
+        assert printed == block.output, (
+            f"{block.id} prints:\n{printed}\nthe page says:\n{block.output}"
+        )
 
 
 def known_settings() -> set[str]:
@@ -393,6 +407,9 @@ def test_named_example_is_run_by_its_tests(block: Block) -> None:
 def test_blocks_were_found() -> None:
     """The parser sees the pages' examples (a broken regex must not pass silently)."""
     assert len(SCRIPTS) >= 15, ids(SCRIPTS)
+    printing = [block for block in BLOCKS if block.output is not None]
+    assert {block.page.name for block in printing} >= {"README.rst", "controllers.rst"}
+    assert all(block in SCRIPTS for block in printing), ids(printing)  # (run, so checked)
     assert len(SETTINGS) >= 4, ids(SETTINGS)
     assert {block.page.name for block in SCRIPTS} >= {
         "README.rst",

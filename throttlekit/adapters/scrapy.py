@@ -29,7 +29,8 @@ What it does, per request that reaches the downloader:
 3. Scrapy's own per-slot delay and concurrency are neutralised: each
    download slot gets delay 0 and a concurrency that never binds when a
    request enters it, so ``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN``
-   and ``DOWNLOAD_SLOTS`` are applied once, by throttlekit, not twice.
+   and ``DOWNLOAD_SLOTS`` (read as scopes) are applied once, by throttlekit,
+   not twice.
 
 **Where requests wait, and CONCURRENT_REQUESTS.** Scrapy runs the downloader
 middlewares *before* a request enters its download slot, and counts every
@@ -53,7 +54,8 @@ Scrapy's ``robots_parsed`` signal, or, on a Scrapy without it (< 2.14), by
 parsing the robots.txt response as it passes through.
 
 **Settings** are checked when the crawler starts: a bad value stops it with
-one log line naming the setting, a misspelt name warns.
+one log line naming the setting, and so does a misspelt name (with the
+closest known one).
 
 **AutoThrottle.** Scrapy's AutoThrottle extension adjusts the very slot delay
 this middleware neutralises, so with both enabled it has no effect; a
@@ -154,7 +156,9 @@ def limiter_from_settings(settings: BaseSettings) -> Limiter:
     reads, with Scrapy's forms understood: ``THROTTLING_SCOPES`` may be a JSON
     string (as given with ``-s``), and Scrapy's ``DOWNLOAD_DELAY_JITTER``
     (the magnitude of the random variation, e.g. ``0.5`` for x0.5..x1.5)
-    applies unless ``RANDOMIZE_DOWNLOAD_DELAY`` is set at a higher priority.
+    applies unless ``RANDOMIZE_DOWNLOAD_DELAY`` is set at a higher priority,
+    and ``THROTTLING_SCOPE_CONCURRENCY`` (the newer name) wins over
+    ``CONCURRENT_REQUESTS_PER_DOMAIN`` unless that is set at a higher priority.
     Note that Scrapy's defaults apply where a setting is not given:
     ``CONCURRENT_REQUESTS = 16``, ``CONCURRENT_REQUESTS_PER_DOMAIN = 8``,
     ``DOWNLOAD_DELAY = 0``; ``DOWNLOAD_DELAY_PER_SLOT`` is not a Scrapy
