@@ -608,3 +608,14 @@ def test_under_adaptive_the_delays_not_given_are_zero() -> None:
     given = {"THROTTLING_ADAPTIVE": True, "DOWNLOAD_DELAY": 0.5, "DOWNLOAD_DELAY_PER_SLOT": 2}
     policy = Limiter.from_settings(given).default
     assert (policy.delay, policy.slot_delay) == (0.5, 2.0)
+
+
+def test_scrapys_own_defaults_are_not_taken_for_misspellings() -> None:
+    """Scrapy's ``Settings`` hold every default of its version (2.13 still had
+    ``CONCURRENT_REQUESTS_PER_IP``): only the names given are checked."""
+    settings = Settings({"DOWNLOAD_DELAY": 0.5})
+    settings.set("CONCURRENT_REQUESTS_PER_IPS", 1, priority="default")
+    assert Limiter.from_settings(settings).default.delay == 0.5
+    settings.set("CONCURENT_REQUESTS", 1, priority="project")
+    with pytest.raises(ValueError, match="unknown setting CONCURENT_REQUESTS"):
+        Limiter.from_settings(settings)

@@ -195,6 +195,15 @@ def misspelt_settings(names: Iterable[Any], known: Iterable[str] = ()) -> dict[s
     return found
 
 
+def _given_names(settings: Mapping[str, Any]) -> list[Any]:
+    """The names ``settings`` were given: with Scrapy's ``Settings``, not the
+    framework's own defaults (priority 0), which vary by Scrapy version."""
+    priority = getattr(settings, "getpriority", None)
+    if not callable(priority):
+        return list(settings)
+    return [name for name in settings if priority(name)]
+
+
 def check_setting_names(names: Iterable[Any], known: Iterable[str] = ()) -> None:
     """Raise :class:`ValueError` naming each setting :func:`misspelt_settings` finds.
 
@@ -458,7 +467,7 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     values are checked only when AutoThrottle is enabled, globally or for
     a scope.
     """
-    check_setting_names(settings)
+    check_setting_names(_given_names(settings))
     backoff = _default_backoff(settings)
     autothrottle = None
     if read_bool(_get(settings, "AUTOTHROTTLE_ENABLED"), "AUTOTHROTTLE_ENABLED"):
