@@ -181,7 +181,9 @@ def _workload(plan: _Plan) -> list[SimRequest]:
 
 
 def _summary(trace: Trace) -> Table:
-    table = Table(title="summary", title_justify="left")
+    # Borderless, each cell on one line: the ten columns fit in 80 (a boxed
+    # table squeezed its labels to "settl…" there).
+    table = Table(title="summary", title_justify="left", box=None, pad_edge=False, padding=(0, 1))
     for name in (
         "scope",
         "sent",
@@ -189,12 +191,12 @@ def _summary(trace: Trace) -> Table:
         "429",
         "errors",
         "ok/s",
-        "mean delay",
-        "final delay",
+        "mean\ndelay",
+        "final\ndelay",
         "settled",
         "backoff",
     ):
-        table.add_column(name, justify="left" if name == "scope" else "right")
+        table.add_column(name, justify="left" if name == "scope" else "right", no_wrap=True)
     rows = list(trace.scopes)
     if len(rows) > 1:
         rows.append("")
