@@ -468,6 +468,24 @@ def test_no_permit_leaks_past_later_middlewares(server: LocalServer, tmp_path: P
 # -- AutoThrottle and configuration errors ------------------------------------------------------
 
 
+def test_scrapys_newer_names_and_adaptive_in_a_crawl(server: LocalServer, tmp_path: Path) -> None:
+    """``THROTTLING_SCOPE_CONCURRENCY`` is the ceiling under ``THROTTLING_ADAPTIVE``,
+    whose delays not given are 0; the start-up line says so."""
+    server.route("a.test", behaviour=Reply(latency=0.2))
+    settings = {
+        "DOWNLOADER_MIDDLEWARES": MIDDLEWARE,
+        "DOWNLOAD_DELAY_JITTER": 0,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "THROTTLING_SCOPE_CONCURRENCY": 3,
+        "THROTTLING_ADAPTIVE": True,
+    }
+    result = crawl(server, tmp_path, settings, [f"a.test/{n}" for n in range(12)])
+    assert result.statuses() == [200] * 12
+    line = "per scope by default: concurrency 3, delay 0 s, slot delay 0 s, Adaptive"
+    assert f"{line} (THROTTLING_ADAPTIVE) on: these are its ceiling" in result.log
+    assert 1 < server.max_in_flight("a.test") <= 3
+
+
 def test_autothrottle_settings_drive_throttlekits_controller(
     server: LocalServer, tmp_path: Path
 ) -> None:
@@ -485,6 +503,8 @@ def test_autothrottle_settings_drive_throttlekits_controller(
     result = crawl(server, tmp_path, settings, urls)
     assert result.statuses() == [200] * 6
     assert "Scrapy's AutoThrottle extension has no effect" in result.log
+    assert "per scope by default: concurrency 4, delay 0 s" in result.log
+    assert "Adaptive (THROTTLING_ADAPTIVE) off" in result.log
     hits = server.hits()
     # throttlekit's AutoThrottle starts each scope at AUTOTHROTTLE_START_DELAY
     # and moves it halfway to the latency (0.05 s) with each response, as
