@@ -600,6 +600,7 @@ def test_a_misspelt_setting_is_an_error_with_the_closest_name(name: str, closest
 
 def test_other_settings_are_not_taken_for_misspellings() -> None:
     Limiter.from_settings({"USER_AGENT": "x", "DOWNLOAD_TIMEOUT": 5, "CONCURRENT_ITEMS": 9})
+    Limiter.from_settings({"CONCURRENT_REQUESTS_PER_IP": 2})  # Scrapy's, gone from newer ones
 
 
 def test_under_adaptive_the_delays_not_given_are_zero() -> None:

@@ -77,6 +77,9 @@ OTHER_SETTINGS = frozenset(
         "THROTTLING_ROBOTSTXT_OBEY",
     }
 )
+#: Scrapy's own names in those families that no Scrapy version at hand may list
+#: (removed from newer ones) and that are no misspelling: not applied, not refused.
+FORMER_SCRAPY_SETTINGS = frozenset({"CONCURRENT_REQUESTS_PER_IP"})
 #: A setting whose name starts with one of these and that nothing reads is
 #: most likely a misspelling of one that something does.
 CHECKED_PREFIXES = (
@@ -184,7 +187,7 @@ def misspelt_settings(names: Iterable[Any], known: Iterable[str] = ()) -> dict[s
     read by someone else (e.g. the crawler framework's own settings).
     """
     ours = sorted({*DEFAULT_SETTINGS, *OTHER_SETTINGS})
-    readable = {*ours, *known}
+    readable = {*ours, *FORMER_SCRAPY_SETTINGS, *known}
     found = {}
     for name in names:
         if not isinstance(name, str) or name in readable:
