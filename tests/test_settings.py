@@ -620,3 +620,22 @@ def test_scrapys_own_defaults_are_not_taken_for_misspellings() -> None:
     settings.set("CONCURENT_REQUESTS", 1, priority="project")
     with pytest.raises(ValueError, match="unknown setting CONCURENT_REQUESTS"):
         Limiter.from_settings(settings)
+
+
+def test_a_scopes_adaptive_moves_the_delays_not_given() -> None:
+    limiter = Limiter.from_settings(
+        {
+            "THROTTLING_SCOPES": {
+                "api.test": {"adaptive": True},
+                "slow.test": {"adaptive": True, "delay": 2},
+            }
+        }
+    )
+    assert limiter.default.delay == 1.0
+    assert (limiter.policy("api.test").delay, limiter.policy("api.test").slot_delay) == (0, 0)
+    assert limiter.policy("slow.test").delay == 2.0
+    everywhere = {"THROTTLING_ADAPTIVE": True, "THROTTLING_SCOPES": {"a.test": {"adaptive": False}}}
+    policy = Limiter.from_settings(everywhere).policy("a.test")
+    assert (policy.delay, policy.slot_delay) == (1.0, 1.0)
+    given = {**everywhere, "DOWNLOAD_DELAY": 0.5}
+    assert Limiter.from_settings(given).policy("a.test").delay == 0.5

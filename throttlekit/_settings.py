@@ -608,6 +608,14 @@ def _scope_policies(
                 raise ValueError(f"{where} has unknown key {key!r}; known keys: {known}")
             changes[field] = _policy_value(field, value, name)
             key_of[field] = name
+        if "adaptive" in changes and changes["adaptive"] != default.adaptive:
+            # Delays the settings do not give follow the scope's Adaptive, as the default's.
+            for field, setting in (
+                ("delay", "DOWNLOAD_DELAY"),
+                ("slot_delay", "DOWNLOAD_DELAY_PER_SLOT"),
+            ):
+                if field not in changes:
+                    changes[field] = _delay(settings, setting, changes["adaptive"])
         try:
             policy = policies[scope] = attrs.evolve(default, **changes)
         except (TypeError, ValueError) as exc:
