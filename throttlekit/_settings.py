@@ -7,7 +7,7 @@ import importlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -478,9 +478,6 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     target = _rampup_target(_get(settings, "RAMPUP_BACKOFF_TARGET"), "RAMPUP_BACKOFF_TARGET")
     rampup = _built(Rampup, {"target": target}, {"target": "RAMPUP_BACKOFF_TARGET"})
     adaptive = _adaptive_setting(_get(settings, "THROTTLING_ADAPTIVE"))
-    concurrency_setting = "CONCURRENT_REQUESTS_PER_DOMAIN"
-    if settings.get("THROTTLING_SCOPE_CONCURRENCY") is not None:
-        concurrency_setting = "THROTTLING_SCOPE_CONCURRENCY"  # Scrapy's newer name wins
     defaults: dict[str, Any] = {
         "backoff": backoff,
         "rampup": rampup,
@@ -488,8 +485,46 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
         # Built (and checked) only if a scope enables it.
         "autothrottle": autothrottle or (lambda: _default_autothrottle(settings)),
     }
+    default = _default_policy(settings, backoff, autothrottle, adaptive)
+    allowed = _allowed("CONCURRENT_REQUESTS")
+    cap = read_int(_get(settings, "CONCURRENT_REQUESTS"), "CONCURRENT_REQUESTS", allowed)
+    if cap < 0:
+        raise ValueError(f"CONCURRENT_REQUESTS must be {allowed}, got {cap!r}")
+    return {
+        "default": default,
+        "scopes": _scope_policies(settings, default, defaults),
+        "concurrency": cap if cap > 0 else None,
+        "robotstxt_max_delay": _at_least(settings, "THROTTLING_ROBOTSTXT_MAX_DELAY", 0, read_float),
+        "max_scopes": _at_least(settings, "THROTTLING_SCOPE_LIMIT", 1, read_int),
+    }
+
+
+def _at_least(
+    settings: Mapping[str, Any], name: str, low: float, read: Callable[[Any, str, str], Any]
+) -> Any:
+    """The number setting ``name`` (read with ``read_int`` or ``read_float``), at least ``low``."""
+    allowed = _allowed(name)
+    value = read(_get(settings, name), name, allowed)
+    if value < low:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def _default_policy(
+    settings: Mapping[str, Any],
+    backoff: Backoff,
+    autothrottle: AutoThrottle | None,
+    adaptive: Adaptive | None,
+) -> ScopePolicy:
+    """The policy of every scope not named: ``CONCURRENT_REQUESTS_PER_DOMAIN`` (or
+    ``THROTTLING_SCOPE_CONCURRENCY``, Scrapy's newer name, which wins when given),
+    ``DOWNLOAD_DELAY``, ``DOWNLOAD_DELAY_PER_SLOT`` and the rest, with the
+    default controllers; an error names the setting at fault."""
+    concurrency_setting = "CONCURRENT_REQUESTS_PER_DOMAIN"
+    if settings.get("THROTTLING_SCOPE_CONCURRENCY") is not None:
+        concurrency_setting = "THROTTLING_SCOPE_CONCURRENCY"
     try:
-        default = ScopePolicy(
+        return ScopePolicy(
             concurrency=read_int(
                 _get(settings, concurrency_setting), concurrency_setting, _allowed("concurrency")
             ),
@@ -509,30 +544,6 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
         setting = concurrency_setting if field == "concurrency" else _POLICY_SETTINGS.get(field)
         where = "invalid throttling settings" + (f": {setting}" if setting else "")
         raise _renamed(exc, where) from None
-    allowed = _allowed("CONCURRENT_REQUESTS")
-    cap = read_int(_get(settings, "CONCURRENT_REQUESTS"), "CONCURRENT_REQUESTS", allowed)
-    if cap < 0:
-        raise ValueError(f"CONCURRENT_REQUESTS must be {allowed}, got {cap!r}")
-    allowed = _allowed("THROTTLING_ROBOTSTXT_MAX_DELAY")
-    robots_cap = read_float(
-        _get(settings, "THROTTLING_ROBOTSTXT_MAX_DELAY"), "THROTTLING_ROBOTSTXT_MAX_DELAY", allowed
-    )
-    if robots_cap < 0:
-        raise ValueError(f"THROTTLING_ROBOTSTXT_MAX_DELAY must be {allowed}, got {robots_cap!r}")
-    policies = _scope_policies(settings, default, defaults)
-    allowed = _allowed("THROTTLING_SCOPE_LIMIT")
-    max_scopes = read_int(
-        _get(settings, "THROTTLING_SCOPE_LIMIT"), "THROTTLING_SCOPE_LIMIT", allowed
-    )
-    if max_scopes < 1:
-        raise ValueError(f"THROTTLING_SCOPE_LIMIT must be {allowed}, got {max_scopes!r}")
-    return {
-        "default": default,
-        "scopes": policies,
-        "concurrency": cap if cap > 0 else None,
-        "robotstxt_max_delay": robots_cap,
-        "max_scopes": max_scopes,
-    }
 
 
 def _delay(settings: Mapping[str, Any], name: str, adaptive: Adaptive | None) -> float:
