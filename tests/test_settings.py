@@ -573,6 +573,7 @@ def test_download_slots_are_scopes_and_throttling_scopes_win() -> None:
             "DOWNLOAD_SLOTS": {
                 "a.test": {"concurrency": 3, "delay": 0.5, "randomize_delay": False},
                 "b.test": {"delay": 2},
+                "c.test": {"jitter": 0.25},  # Scrapy 2.19's magnitude
             },
             "THROTTLING_SCOPES": {"b.test": {"delay": 0.25, "quota": 10}},
         }
@@ -580,6 +581,7 @@ def test_download_slots_are_scopes_and_throttling_scopes_win() -> None:
     a, b = limiter.policy("a.test"), limiter.policy("b.test")
     assert (a.concurrency, a.delay, a.jitter) == (3, 0.5, (0.0, 0.0))
     assert (b.delay, b.quota) == (0.25, 10)
+    assert limiter.policy("c.test").jitter == (-0.25, 0.25)
     with pytest.raises(ValueError, match=r"DOWNLOAD_SLOTS\['a'\]\['delay'\]"):
         Limiter.from_settings({"DOWNLOAD_SLOTS": {"a": {"delay": -1}}})
 

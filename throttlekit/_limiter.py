@@ -178,7 +178,7 @@ class Limiter:
         ``autothrottle`` / ``adaptive`` (``True``, ``False`` or a dict of their
         fields), and ``manager`` (the import path of a controller factory,
         tried once here). Scrapy's ``DOWNLOAD_SLOTS`` entries (``concurrency``,
-        ``delay``, ``randomize_delay``) are scopes too, under
+        ``delay``, ``jitter`` or ``randomize_delay``) are scopes too, under
         ``THROTTLING_SCOPES``'s keys. Other keyword arguments go to the
         constructor. Invalid values raise :class:`ValueError`/:class:`TypeError`
         naming the setting; so does a misspelt name, with the closest one.

@@ -570,8 +570,14 @@ def _mapping_setting(settings: Mapping[str, Any], name: str) -> Mapping[Any, Any
     return value
 
 
-#: Scrapy's ``DOWNLOAD_SLOTS`` keys, as ``THROTTLING_SCOPES`` keys.
-_SLOT_KEYS = {"concurrency": "concurrency", "delay": "delay", "randomize_delay": "jitter"}
+#: Scrapy's ``DOWNLOAD_SLOTS`` keys, as ``THROTTLING_SCOPES`` keys (``jitter``: the
+#: magnitude, since Scrapy 2.19; ``randomize_delay``: the older boolean).
+_SLOT_KEYS = {
+    "concurrency": "concurrency",
+    "delay": "delay",
+    "jitter": "jitter",
+    "randomize_delay": "jitter",
+}
 
 
 def _scope_entries(settings: Mapping[str, Any]) -> dict[str, list[tuple[str, str, Any]]]:
