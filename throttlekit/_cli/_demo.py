@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import textwrap
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,6 +24,7 @@ from ._common import (
     build_limiter,
     describe_policy,
     make_console,
+    print_wrapped,
     read_toml,
     split_config,
 )
@@ -60,8 +60,6 @@ DEMO_SITES: dict[str, tuple[str, ServerModel]] = {
 
 CLIENT_TIMEOUT = 2.0
 WORKERS_PER_SITE = 8
-#: The widest the demo's prose lines get: an 80-column terminal shows them unwrapped.
-TEXT_COLUMNS = 80
 #: What the words of Adaptive's reasons mean, said once under the report.
 ADAPTIVE_WORDS = (
     "(Adaptive's words: 'throttled at' is the rate it was sending when the site "
@@ -236,14 +234,6 @@ def _report(crawl: _Crawl, sites: LocalSites, elapsed: float) -> list[tuple[str,
     return paragraphs
 
 
-def _print_wrapped(console: Console, text: str, indent: str = "", hang: str = "    ") -> None:
-    """Print ``text`` wrapped at word boundaries to the console (80 columns at most),
-    its first line indented by ``indent``, the others by ``hang``."""
-    width = max(40, min(console.width, TEXT_COLUMNS))
-    for line in textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=hang):
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
 async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Console) -> None:
     import httpx
 
@@ -254,16 +244,16 @@ async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Conso
     crawl = _Crawl(limiter, hosts)
     models = {host: model for host, (_, model) in DEMO_SITES.items()}
     async with LocalSites(models, seed=seed) as sites:
-        _print_wrapped(
+        print_wrapped(
             console,
-            f"{WORKERS_PER_SITE} workers per site crawl for {duration:g} s through httpx + "
+            f"{WORKERS_PER_SITE} workers per site crawl for {duration:g}\xa0s through httpx + "
             f"throttlekit the local sites on {sites.proxy_url} (the crawler's HTTP proxy):",
             hang="  ",
         )
         for host, (behaviour, _) in DEMO_SITES.items():
-            _print_wrapped(console, f"{host} {behaviour}", "  ")
+            print_wrapped(console, f"{host} {behaviour}", "  ")
             policy = describe_policy(limiter, host)
-            _print_wrapped(console, f"throttlekit applies: {policy}", "    ", "      ")
+            print_wrapped(console, f"throttlekit applies: {policy}", "    ", "      ")
         inner = Stopwatch(httpx.AsyncHTTPTransport(proxy=sites.proxy_url))
         transport = ThrottledTransport(limiter, inner)
         async with httpx.AsyncClient(
@@ -298,7 +288,7 @@ async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Conso
         console.print(crawl.table(anyio.current_time(), f"after {elapsed:.1f} s:"))
         console.print()
         for indent, text in _report(crawl, sites, elapsed):
-            _print_wrapped(console, text, indent)
+            print_wrapped(console, text, indent)
 
 
 class _Nothing:
