@@ -50,7 +50,7 @@ def scrapy(session: nox.Session, scrapy: str) -> None:
     ``nox -s tests`` runs them on the newest only; ``nox -s scrapy`` on both,
     ``nox -s "scrapy(scrapy='2.13.4')"`` on the oldest.
     """
-    session.install("-e", ".[scrapy,test]", "aiohttp>=3.12")
+    session.install("-e", ".[all,test]")  # (conftest and the test helpers use them all)
     session.install("--upgrade", "scrapy" if scrapy == "newest" else f"scrapy=={scrapy}")
     session.run("pytest", "tests/test_adapter_scrapy.py", "tests/test_scrapy_autothrottle.py")
 

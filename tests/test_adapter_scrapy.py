@@ -468,6 +468,24 @@ def test_no_permit_leaks_past_later_middlewares(server: LocalServer, tmp_path: P
 # -- AutoThrottle and configuration errors ------------------------------------------------------
 
 
+def test_scrapys_newer_names_and_adaptive_in_a_crawl(server: LocalServer, tmp_path: Path) -> None:
+    """``THROTTLING_SCOPE_CONCURRENCY`` is the ceiling under ``THROTTLING_ADAPTIVE``,
+    whose delays not given are 0; the start-up line says so."""
+    server.route("a.test", behaviour=Reply(latency=0.2))
+    settings = {
+        "DOWNLOADER_MIDDLEWARES": MIDDLEWARE,
+        "DOWNLOAD_DELAY_JITTER": 0,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "THROTTLING_SCOPE_CONCURRENCY": 3,
+        "THROTTLING_ADAPTIVE": True,
+    }
+    result = crawl(server, tmp_path, settings, [f"a.test/{n}" for n in range(12)])
+    assert result.statuses() == [200] * 12
+    line = "per scope by default: concurrency 3, delay 0 s, slot delay 0 s, Adaptive"
+    assert f"{line} (THROTTLING_ADAPTIVE) on: these are its ceiling" in result.log
+    assert 1 < server.max_in_flight("a.test") <= 3
+
+
 def test_autothrottle_settings_drive_throttlekits_controller(
     server: LocalServer, tmp_path: Path
 ) -> None:
@@ -485,6 +503,8 @@ def test_autothrottle_settings_drive_throttlekits_controller(
     result = crawl(server, tmp_path, settings, urls)
     assert result.statuses() == [200] * 6
     assert "Scrapy's AutoThrottle extension has no effect" in result.log
+    assert "per scope by default: concurrency 4, delay 0 s" in result.log
+    assert "Adaptive (THROTTLING_ADAPTIVE) off" in result.log
     hits = server.hits()
     # throttlekit's AutoThrottle starts each scope at AUTOTHROTTLE_START_DELAY
     # and moves it halfway to the latency (0.05 s) with each response, as
@@ -581,7 +601,6 @@ def test_dont_throttle_skips_scopes_but_not_concurrent_requests(
         "CONCURRENT_REQUESTS": 2,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
         "DOWNLOAD_DELAY": 1.0,
-        "DOWNLOAD_DELAY_PERSLOT": 0.5,  # misspelt: warned about, ignored
     }
     free = {"dont_throttle": True}
     urls: list[str | dict[str, Any]] = [{"url": f"a.test/free{n}", "meta": free} for n in range(6)]
@@ -596,10 +615,6 @@ def test_dont_throttle_skips_scopes_but_not_concurrent_requests(
     assert server.max_in_flight("a.test") == 2, table(hits)
     # The throttled ones keep DOWNLOAD_DELAY between them.
     assert_spaced([hit for hit in hits if hit.path.startswith("/t")], 1.0)
-    assert (
-        "unknown setting DOWNLOAD_DELAY_PERSLOT, ignored: did you mean DOWNLOAD_DELAY_PER_SLOT?"
-        in result.log
-    )
 
 
 BAD_SETTING_SPIDER = """
@@ -618,11 +633,28 @@ class Spider(scrapy.Spider):
 """
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "DOWNLOAD_DELAY=-1",
+            "invalid throttling settings: DOWNLOAD_DELAY: delay must be a finite number >= 0, "
+            "got -1.0",
+        ),
+        (  # a misspelt name, as on the command line and in Limiter.from_settings
+            "DOWNLOAD_DELAY_PERSLOT=0.5",
+            "unknown setting DOWNLOAD_DELAY_PERSLOT: did you mean DOWNLOAD_DELAY_PER_SLOT?",
+        ),
+    ],
+    ids=["bad-value", "misspelt"],
+)
 @pytest.mark.parametrize("nolog", [False, True], ids=["log", "nolog"])
-def test_a_bad_setting_stops_the_crawl_with_one_line(tmp_path: Path, nolog: bool) -> None:
+def test_a_bad_setting_stops_the_crawl_with_one_line(
+    tmp_path: Path, nolog: bool, setting: str, message: str
+) -> None:
     spider = tmp_path / "spider.py"
     spider.write_text(BAD_SETTING_SPIDER)
-    command = [sys.executable, "-m", "scrapy", "runspider", str(spider), "-s", "DOWNLOAD_DELAY=-1"]
+    command = [sys.executable, "-m", "scrapy", "runspider", str(spider), "-s", setting]
     if nolog:
         command.append("--nolog")
     env = {
@@ -636,14 +668,11 @@ def test_a_bad_setting_stops_the_crawl_with_one_line(tmp_path: Path, nolog: bool
     if SCRAPY_2_14:  # (before, runspider exits with 0 when a crawl cannot start)
         assert process.returncode == 1, output
     assert "Traceback" not in output, output
-    message = (
-        "throttlekit: the crawl cannot start: invalid throttling settings: "
-        "DOWNLOAD_DELAY: delay must be a finite number >= 0, got -1.0"
-    )
+    message = f"throttlekit: the crawl cannot start: {message}"
     if nolog:
         assert output.strip() == message
     else:
-        lines = [line for line in output.splitlines() if "DOWNLOAD_DELAY:" in line]
+        lines = [line for line in output.splitlines() if "cannot start" in line]
         assert len(lines) == 1, output
         assert lines[0].endswith(f"[throttlekit.adapters.scrapy] CRITICAL: {message}"), output
 
@@ -685,6 +714,32 @@ def test_scrapy_jitter_settings() -> None:
     assert limiter_from_settings(old).default.jitter == (0.0, 0.0)
     with pytest.raises(ValueError, match="DOWNLOAD_DELAY_JITTER"):
         limiter_from_settings(Settings({"DOWNLOAD_DELAY_JITTER": "lots"}))
+
+
+def test_scrapys_newer_names_and_download_slots() -> None:
+    """``THROTTLING_SCOPE_CONCURRENCY`` replaces ``CONCURRENT_REQUESTS_PER_DOMAIN``
+    (unless that is set at a higher priority), ``THROTTLING_SCOPE_LIMIT`` caps the
+    scopes kept, and ``DOWNLOAD_SLOTS`` entries are scopes under ``THROTTLING_SCOPES``."""
+    settings = Settings(
+        {
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+            "THROTTLING_SCOPE_CONCURRENCY": 5,
+            "THROTTLING_SCOPE_LIMIT": 1000,
+            "DOWNLOAD_SLOTS": {"a.test": {"concurrency": 3, "delay": 0.5}, "b.test": {"delay": 2}},
+            "THROTTLING_SCOPES": {"b.test": {"delay": 0.25}},
+        }
+    )
+    limiter = limiter_from_settings(settings)
+    assert limiter.default.concurrency == 5
+    assert (limiter.policy("a.test").concurrency, limiter.policy("a.test").delay) == (3, 0.5)
+    assert limiter.policy("b.test").delay == 0.25
+    settings.set("CONCURRENT_REQUESTS_PER_DOMAIN", 4, priority="cmdline")
+    assert limiter_from_settings(settings).default.concurrency == 4
+    assert limiter_from_settings(Settings()).default.concurrency == 8  # Scrapy's default
+    with pytest.raises(ValueError, match="THROTTLING_SCOPE_LIMIT"):
+        limiter_from_settings(Settings({"THROTTLING_SCOPE_LIMIT": 0}))
+    json_slots = Settings({"DOWNLOAD_SLOTS": '{"a.test": {"delay": 3}}'})
+    assert limiter_from_settings(json_slots).policy("a.test").delay == 3.0
 
 
 @pytest.mark.parametrize(
@@ -732,12 +787,12 @@ async def test_middleware_configuration(caplog: pytest.LogCaptureFixture) -> Non
         ThrottlingMiddleware(crawler_with({"THROTTLING_LIMITER": lambda crawler: "limiter"}))
 
     with caplog.at_level(logging.WARNING, logger="throttlekit.adapters.scrapy"):
-        ThrottlingMiddleware(
+        middleware = ThrottlingMiddleware(
             crawler_with({"AUTOTHROTTLE_ENABLED": True, "DOWNLOAD_SLOTS": {"a.test": {"delay": 2}}})
         )
     messages = " ".join(record.getMessage() for record in caplog.records)
     assert "AUTOTHROTTLE_ENABLED" in messages
-    assert "DOWNLOAD_SLOTS" in messages
+    assert middleware.limiter.policy("a.test").delay == 2.0  # DOWNLOAD_SLOTS: a scope
 
 
 @pytest.mark.skipif(not SCRAPY_2_14, reason="in-process crawlers need Scrapy >= 2.14")

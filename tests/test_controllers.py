@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 from collections import deque
 from typing import Any
 
@@ -229,6 +230,34 @@ def test_autothrottle_debug_line_and_dont_adjust(caplog: pytest.LogCaptureFixtur
     assert state.delay == 3.0  # autothrottle_dont_adjust_delay: ignored
     state.on_feedback(ledger, Feedback(exception=TimeoutError()), 2.0)
     assert state.delay == 3.0  # no response, no latency: ignored
+
+
+@pytest.mark.anyio
+async def test_autothrottle_debug_conc_counts_the_answered_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As Scrapy's ``conc`` (the slot's transfers, the answered one included),
+    also when the limiter is driven directly and the response is recorded
+    after the permit was given back."""
+    policy = ScopePolicy(
+        concurrency=4, delay=0.0, autothrottle=AutoThrottle(debug=True, start_delay=0.0)
+    )
+    limiter = Limiter(default=policy)
+
+    async def fetch(hold: float) -> None:
+        async with limiter.acquire(URL) as permit:
+            await anyio.sleep(hold)
+            permit.record(status=200, latency=0.1)
+
+    with caplog.at_level(logging.INFO, logger="throttlekit.autothrottle"):
+        async with anyio.create_task_group() as tg:
+            for hold in (1.0, 2.0, 3.0):
+                tg.start_soon(fetch, hold)
+        async with limiter.acquire(URL) as permit:
+            pass
+        permit.record(status=200, latency=0.1)
+    concs = [re.search(r"conc: *(\d+)", message).group(1) for message in caplog.messages]
+    assert concs == ["3", "2", "1", "1"]
 
 
 def test_autothrottle_settings() -> None:
@@ -760,3 +789,28 @@ def test_concurrency_cut_ends_for_an_unlimited_policy() -> None:
         ledger.refresh()
     assert ledger.concurrency is None
     assert state.level == 0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_backoff_jitter_never_takes_a_gap_above_max_delay(backend: str) -> None:
+    """Endless 429s with ``Backoff(max_delay=10, jitter=0.1)`` once gave 11 s gaps:
+    ``max_delay`` is a cap, so at the cap the jitter only shortens the delay."""
+    from throttlekit.testing import FixedServer, burst, simulate
+
+    policy = ScopePolicy(
+        concurrency=1, delay=0, backoff=Backoff(max_delay=10.0, jitter=0.1, window=1000.0)
+    )
+    trace = simulate(
+        policy,
+        FixedServer(status=429, latency=0.0),
+        burst(URL, 200),
+        duration=600.0,
+        backend=backend,
+        seed=1,
+    )
+    # (All arrive at t=0: trio starts their tasks in an order of its choosing.)
+    sent = sorted(r.sent for r in trace.requests if r.sent is not None)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sent)]
+    assert len(gaps) > 40
+    assert max(gaps) <= 10.0 + 1e-9
+    assert min(gaps[-20:]) < 9.9  # still jittered (downwards) at the cap

@@ -14,11 +14,15 @@
      ``await``/``yield`` that only makes sense inside a function): compiled;
    * blocks with a ``:name:`` that another test module runs: checked to be
      found there;
-   * everything else: executed as a script.
+   * everything else: executed as a script. When a ``.. code-block:: text``
+     after it (before the next Python block) is preceded by the comment
+     ``.. prints``, that is what the script must print, exactly.
 
-   Every ``literalinclude``'d example file has a dedicated test here that
-   runs it against the local server and checks, from the server's records,
-   that it does what the page says.
+   Every example file a page shows (``literalinclude``, or a code block
+   preceded by the comment ``.. copied-from: examples/NAME.py``, which shows
+   the code in the page's source too and must be a verbatim part of that
+   file) has a dedicated test here that runs it against the local server and
+   checks, from the server's records, that it does what the page says.
 2. No page mentions a setting (``THROTTLING_*``, ``BACKOFF_*``, ``RAMPUP_*``,
    ``AUTOTHROTTLE_*``, ``DOWNLOAD_*``, ``CONCURRENT_*``) that neither
    throttlekit nor Scrapy has, nor a ``throttlekit.X`` name that does not
@@ -70,7 +74,8 @@ SLACK = 0.1
 
 _DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)\.\. (?P<name>[\w:-]+)::[ \t]*(?P<arg>.*)$")
 _OPTION = re.compile(r"^[ \t]*:(?P<name>[\w-]+):[ \t]*(?P<value>.*)$")
-_MARKER = re.compile(r"^[ \t]*\.\. (settings-fragment|code-fragment)[ \t]*$")
+_MARKER = re.compile(r"^[ \t]*\.\. (settings-fragment|code-fragment|prints)[ \t]*$")
+_COPIED = re.compile(r"^[ \t]*\.\. copied-from:[ \t]*(?P<path>\S+)[ \t]*$")
 
 
 @attrs.frozen
@@ -82,6 +87,7 @@ class Block:
     source: str
     marker: str | None  # "settings-fragment", "code-fragment" or None
     name: str | None  # the :name: option
+    output: str | None = None  # what it prints: the text block marked ``.. prints``
 
     @property
     def id(self) -> str:
@@ -141,25 +147,43 @@ def directives(page: Path) -> list[Directive]:
     return found
 
 
-def marker_before(page: Path, line: int) -> str | None:
-    """The ``.. settings-fragment`` / ``.. code-fragment`` comment right before ``line``."""
+def comment_before(page: Path, line: int) -> str:
+    """The line before ``line`` (1-based), blank lines skipped ("" if none)."""
     lines = page.read_text(encoding="utf-8").splitlines()
     cursor = line - 2
     while cursor >= 0 and not lines[cursor].strip():
         cursor -= 1
-    match = _MARKER.match(lines[cursor]) if cursor >= 0 else None
+    return lines[cursor] if cursor >= 0 else ""
+
+
+def marker_before(page: Path, line: int) -> str | None:
+    """The ``.. settings-fragment`` / ``.. code-fragment`` / ``.. prints`` comment
+    right before ``line``, or ``"copied-from"`` for a ``.. copied-from: PATH``."""
+    before = comment_before(page, line)
+    if _COPIED.match(before):
+        return "copied-from"
+    match = _MARKER.match(before)
     return match.group(1) if match else None
 
 
-def python_blocks() -> list[Block]:
-    blocks = []
+def copied_examples() -> dict[str, list[Directive]]:
+    """The code blocks marked ``.. copied-from: PATH``, by PATH (from the root)."""
+    found: dict[str, list[Directive]] = {}
     for page in PAGES:
         for directive in directives(page):
-            if directive.name in ("code-block", "code", "sourcecode") and directive.argument in (
-                "python",
-                "python3",
-                "py",
-            ):
+            match = _COPIED.match(comment_before(page, directive.line))
+            if directive.name == "code-block" and match:
+                found.setdefault(match["path"], []).append(directive)
+    return found
+
+
+def python_blocks() -> list[Block]:
+    blocks: list[Block] = []
+    for page in PAGES:
+        for directive in directives(page):
+            if directive.name not in ("code-block", "code", "sourcecode"):
+                continue
+            if directive.argument in ("python", "python3", "py"):
                 blocks.append(
                     Block(
                         page=page,
@@ -169,6 +193,10 @@ def python_blocks() -> list[Block]:
                         name=directive.options.get("name"),
                     )
                 )
+            elif directive.argument == "text" and marker_before(page, directive.line) == "prints":
+                if not blocks or blocks[-1].page != page or blocks[-1].output is not None:
+                    raise ValueError(f"{page}:{directive.line}: output of no single Python block")
+                blocks[-1] = attrs.evolve(blocks[-1], output=directive.content)
     return blocks
 
 
@@ -329,12 +357,21 @@ def load_example(name: str) -> ModuleType:
 
 @pytest.mark.parametrize("block", SCRIPTS, ids=ids(SCRIPTS))
 def test_example_runs(
-    block: Block, server: LocalServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    block: Block,
+    server: LocalServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(tmp_path)
     code = compile(block.source, block.id, "exec")
     exec(code, {"__name__": "__main__", "__file__": block.id})
     server.wait_idle()
+    if block.output is not None:
+        printed = capsys.readouterr().out
+        assert printed == block.output, (
+            f"{block.id} prints:\n{printed}\nthe page says:\n{block.output}"
+        )
 
 
 def known_settings() -> set[str]:
@@ -393,6 +430,9 @@ def test_named_example_is_run_by_its_tests(block: Block) -> None:
 def test_blocks_were_found() -> None:
     """The parser sees the pages' examples (a broken regex must not pass silently)."""
     assert len(SCRIPTS) >= 15, ids(SCRIPTS)
+    printing = [block for block in BLOCKS if block.output is not None]
+    assert {block.page.name for block in printing} >= {"README.rst", "controllers.rst"}
+    assert all(block in SCRIPTS for block in printing), ids(printing)  # (run, so checked)
     assert len(SETTINGS) >= 4, ids(SETTINGS)
     assert {block.page.name for block in SCRIPTS} >= {
         "README.rst",
@@ -415,9 +455,24 @@ def literal_includes() -> dict[str, list[Directive]]:
     return found
 
 
+def test_copied_examples_are_verbatim_parts_of_their_files() -> None:
+    """A page shows an example file's code in its own source with ``.. copied-from``:
+    the block must be part of the file as it is, which its test runs."""
+    copies = copied_examples()
+    assert {"examples/cookbook_endpoints.py", "examples/simulate.toml"} <= set(copies), copies
+    for path, uses in copies.items():
+        source = (ROOT / path).read_text(encoding="utf-8")
+        for use in uses:
+            assert use.content.strip("\n") in source, (
+                f"{use.page.name}:{use.line} is not a verbatim part of {path} (copy it again)"
+            )
+
+
 def test_every_included_example_has_a_test() -> None:
     included = literal_includes()
-    assert included, "no literalinclude found: the cookbook lost its recipes?"
+    for path, uses in copied_examples().items():
+        included.setdefault(path, []).extend(uses)
+    assert included, "no example file shown: the cookbook lost its recipes?"
     missing = sorted(
         path for path in set(included) - set(RECIPE_TESTS) if example_runner(path) is None
     )

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from throttlekit import ScopePolicy
+from throttlekit import Adaptive, ScopePolicy
 
 
 def test_defaults() -> None:
@@ -25,6 +25,28 @@ def test_defaults() -> None:
     assert policy.autothrottle is None
     assert policy.rampup is None
     assert policy.controllers == ()
+
+
+def test_an_adaptive_policy_without_a_delay_has_no_delay_ceiling() -> None:
+    """``delay`` is Adaptive's ceiling: its default of 1 s held a scope of
+    ``ScopePolicy(concurrency=16, adaptive=Adaptive())`` to 1 request/s."""
+    adaptive = ScopePolicy(concurrency=16, adaptive=Adaptive())
+    assert adaptive.delay == 0.0
+    assert attrs.evolve(adaptive, adaptive=None).delay == 1.0, "not given: follows adaptive"
+    assert attrs.evolve(ScopePolicy(), adaptive=Adaptive()).delay == 0.0
+    assert ScopePolicy(delay=1.0, adaptive=Adaptive()).delay == 1.0, "given: kept"
+    assert attrs.evolve(ScopePolicy(delay=1.0), adaptive=Adaptive()).delay == 1.0
+    assert repr(adaptive.delay) == "0.0"
+    assert ScopePolicy() == ScopePolicy(delay=1.0)
+
+
+def test_an_adaptive_policy_without_a_delay_reaches_the_servers_rate() -> None:
+    from throttlekit.testing import QuotaServer, burst, simulate
+
+    server = QuotaServer(limit=10, window=1.0, sliding=True, retry_after=1)
+    policy = ScopePolicy(concurrency=16, adaptive=Adaptive())
+    trace = simulate(policy, server, burst("https://api.example/{i}", 1200), duration=60)
+    assert trace.count(status=200) / 60 > 8.0  # was 1/s
 
 
 def test_frozen_keyword_only_hashable_and_evolvable() -> None:

@@ -53,6 +53,22 @@ def test_ci_runs_both_commands_exactly_as_written() -> None:
         assert the_command(marker) in lines, f".ci/run does not run {the_command(marker)!r}"
 
 
+def test_ci_tests_scrapy_on_the_oldest_version_pyproject_accepts() -> None:
+    """``.ci/run`` runs the ``scrapy`` session of the first of ``SCRAPY_VERSIONS``,
+    which is the lower bound of the ``scrapy`` extra."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
+    versions = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "SCRAPY_VERSIONS" for t in node.targets)
+    )
+    oldest = versions[0]
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'scrapy = ["scrapy>={oldest}"]' in pyproject
+    assert f"nox -s \"scrapy(scrapy='{oldest}')\"" in CI.read_text(encoding="utf-8")
+
+
 def test_nox_runs_on_the_interpreter_that_runs_it() -> None:
     """No session is skipped for want of a Python that happens not to be installed."""
     tree = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))

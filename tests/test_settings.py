@@ -316,6 +316,8 @@ def _bad(*specific: Any, bool_ok: bool = False) -> list[Any]:
 BAD_SETTINGS: dict[str, list[Any]] = {
     "CONCURRENT_REQUESTS": _bad(-1, 2.5, "many", "2.5"),
     "CONCURRENT_REQUESTS_PER_DOMAIN": _bad(0, -1, 1.5, "x", "0"),
+    "THROTTLING_SCOPE_CONCURRENCY": _bad(0, -1, 1.5, "x", "0"),
+    "THROTTLING_SCOPE_LIMIT": _bad(0, -1, 1.5, "x", "0"),
     "DOWNLOAD_DELAY": _bad(-1, -0.001, "slow", "-1"),
     "DOWNLOAD_DELAY_PER_SLOT": _bad(-1, "x"),
     "RANDOMIZE_DOWNLOAD_DELAY": _bad(
@@ -348,6 +350,23 @@ BAD_SETTINGS: dict[str, list[Any]] = {
         {"a.example": None},
         {"a.example": "fast"},
         True,
+        False,
+        0,
+        [],
+        "",
+    ],
+    "DOWNLOAD_SLOTS": [
+        *WRONG_TYPE[:2],
+        0,
+        False,
+        [],
+        True,
+        "not json",
+        {"a.example": 2},
+        {"a.example": {"speed": 1}},
+        {"a.example": {"delay": -1}},
+        {"a.example": {"concurrency": 0}},
+        {"a.example": {"randomize_delay": "sometimes"}},
     ],
     "THROTTLING_ROBOTSTXT_MAX_DELAY": _bad(-1, "x"),
     "BACKOFF_HTTP_CODES": [
@@ -408,6 +427,9 @@ BAD_SCOPE_KEYS: dict[str, list[Any]] = {
         "math.no_such_name",
         "math.pi",
         [5],
+        "builtins.len",
+        "builtins.str",
+        "collections.OrderedDict",
     ],
     "controllers": [5, "nodots", "math.pi", [None], *WRONG_TYPE[:2]],
 }
@@ -525,3 +547,97 @@ def test_non_finite_and_huge_numbers_in_the_python_api_name_the_field() -> None:
                 cls(**{field: value})
     with pytest.raises(TypeError, match=r"^delay must be a number >= 0, got str '1'"):
         ScopePolicy(delay="1")  # type: ignore[arg-type]
+
+
+# -- Scrapy's newer names, DOWNLOAD_SLOTS, misspelt names, Adaptive's ceiling -------------------
+
+
+def test_scrapys_newer_names_mean_the_same() -> None:
+    """``THROTTLING_SCOPE_CONCURRENCY`` replaces ``CONCURRENT_REQUESTS_PER_DOMAIN``;
+    ``THROTTLING_SCOPE_LIMIT`` is the most scopes kept (``Limiter(max_scopes=...)``)."""
+    from throttlekit._settings import limiter_options
+
+    options = limiter_options({"THROTTLING_SCOPE_CONCURRENCY": 3, "THROTTLING_SCOPE_LIMIT": 7})
+    assert (options["default"].concurrency, options["max_scopes"]) == (3, 7)
+    assert limiter_options({})["max_scopes"] == 100_000
+    both = {"CONCURRENT_REQUESTS_PER_DOMAIN": 2, "THROTTLING_SCOPE_CONCURRENCY": 5}
+    assert Limiter.from_settings(both).default.concurrency == 5
+    assert Limiter.from_settings({"CONCURRENT_REQUESTS_PER_DOMAIN": 2}).default.concurrency == 2
+    with pytest.raises(ValueError, match="THROTTLING_SCOPE_CONCURRENCY"):
+        Limiter.from_settings({**both, "THROTTLING_SCOPE_CONCURRENCY": 0})
+
+
+def test_download_slots_are_scopes_and_throttling_scopes_win() -> None:
+    limiter = Limiter.from_settings(
+        {
+            "DOWNLOAD_SLOTS": {
+                "a.test": {"concurrency": 3, "delay": 0.5, "randomize_delay": False},
+                "b.test": {"delay": 2},
+                "c.test": {"jitter": 0.25},  # Scrapy 2.19's magnitude
+            },
+            "THROTTLING_SCOPES": {"b.test": {"delay": 0.25, "quota": 10}},
+        }
+    )
+    a, b = limiter.policy("a.test"), limiter.policy("b.test")
+    assert (a.concurrency, a.delay, a.jitter) == (3, 0.5, (0.0, 0.0))
+    assert (b.delay, b.quota) == (0.25, 10)
+    assert limiter.policy("c.test").jitter == (-0.25, 0.25)
+    with pytest.raises(ValueError, match=r"DOWNLOAD_SLOTS\['a'\]\['delay'\]"):
+        Limiter.from_settings({"DOWNLOAD_SLOTS": {"a": {"delay": -1}}})
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("CONCURENT_REQUESTS", "CONCURRENT_REQUESTS"),
+        ("DOWNLOAD_DELAY_PERSLOT", "DOWNLOAD_DELAY_PER_SLOT"),
+        ("THROTLING_SCOPES", "THROTTLING_SCOPES"),
+        ("BACKOFF_MAXDELAY", "BACKOFF_MAX_DELAY"),
+    ],
+)
+def test_a_misspelt_setting_is_an_error_with_the_closest_name(name: str, closest: str) -> None:
+    with pytest.raises(ValueError, match=rf"^unknown setting {name}: did you mean {closest}\?$"):
+        Limiter.from_settings({name: 4})
+
+
+def test_other_settings_are_not_taken_for_misspellings() -> None:
+    Limiter.from_settings({"USER_AGENT": "x", "DOWNLOAD_TIMEOUT": 5, "CONCURRENT_ITEMS": 9})
+    Limiter.from_settings({"CONCURRENT_REQUESTS_PER_IP": 2})  # Scrapy's, gone from newer ones
+
+
+def test_under_adaptive_the_delays_not_given_are_zero() -> None:
+    policy = Limiter.from_settings({"THROTTLING_ADAPTIVE": True}).default
+    assert (policy.delay, policy.slot_delay) == (0.0, 0.0)
+    given = {"THROTTLING_ADAPTIVE": True, "DOWNLOAD_DELAY": 0.5, "DOWNLOAD_DELAY_PER_SLOT": 2}
+    policy = Limiter.from_settings(given).default
+    assert (policy.delay, policy.slot_delay) == (0.5, 2.0)
+
+
+def test_scrapys_own_defaults_are_not_taken_for_misspellings() -> None:
+    """Scrapy's ``Settings`` hold every default of its version (2.13 still had
+    ``CONCURRENT_REQUESTS_PER_IP``): only the names given are checked."""
+    settings = Settings({"DOWNLOAD_DELAY": 0.5})
+    settings.set("CONCURRENT_REQUESTS_PER_IPS", 1, priority="default")
+    assert Limiter.from_settings(settings).default.delay == 0.5
+    settings.set("CONCURENT_REQUESTS", 1, priority="project")
+    with pytest.raises(ValueError, match="unknown setting CONCURENT_REQUESTS"):
+        Limiter.from_settings(settings)
+
+
+def test_a_scopes_adaptive_moves_the_delays_not_given() -> None:
+    limiter = Limiter.from_settings(
+        {
+            "THROTTLING_SCOPES": {
+                "api.test": {"adaptive": True},
+                "slow.test": {"adaptive": True, "delay": 2},
+            }
+        }
+    )
+    assert limiter.default.delay == 1.0
+    assert (limiter.policy("api.test").delay, limiter.policy("api.test").slot_delay) == (0, 0)
+    assert limiter.policy("slow.test").delay == 2.0
+    everywhere = {"THROTTLING_ADAPTIVE": True, "THROTTLING_SCOPES": {"a.test": {"adaptive": False}}}
+    policy = Limiter.from_settings(everywhere).policy("a.test")
+    assert (policy.delay, policy.slot_delay) == (1.0, 1.0)
+    given = {**everywhere, "DOWNLOAD_DELAY": 0.5}
+    assert Limiter.from_settings(given).policy("a.test").delay == 0.5

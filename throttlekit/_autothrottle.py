@@ -137,7 +137,10 @@ class AutoThrottleState(SlotState):
                 "latency:%(latency)5d ms | size:%(size)6d bytes",
                 {
                     "slot": scope.name,
-                    "concurrency": scope.in_flight,
+                    # Scrapy's "conc" counts the answered request among the slot's
+                    # transfers; a response recorded after its permit's release
+                    # (the limiter driven directly) is no longer in in_flight.
+                    "concurrency": max(scope.in_flight, 1),
                     "delay": self.delay * 1000,
                     "delaydiff": (self.delay - old) * 1000,
                     "latency": latency * 1000,

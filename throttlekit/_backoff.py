@@ -213,6 +213,7 @@ class Backoff:
     :param max_delay: the delay cap, also the cap of any server-requested wait. Default 300.0.
     :param jitter: randomization of delays while backing off; replaces the
         policy's jitter then (0.1 = x0.9..x1.1; or a ``(low, high)`` pair). Default 0.1.
+        It never takes a delay above ``max_delay``: near the cap it only shortens.
     :param window: quiet seconds before each step back. Default 60.0.
     :param concurrency_factor: concurrency multiplier when the delay is maxed
         (0 < f < 1). Default 0.5.
@@ -343,8 +344,19 @@ class BackoffState(SlotState):
 
     @property
     def jitter(self) -> tuple[float, float] | None:
-        """The jitter to use instead of the policy's while backing off."""
-        return self.config.jitter if self.level else None
+        """The jitter to use instead of the policy's while backing off.
+
+        Its upper end is cut so that the jittered delay never exceeds
+        ``max_delay``: at the cap the delay only varies downwards.
+        """
+        if not self.level:
+            return None
+        low, high = self.config.jitter
+        delay = self.delay
+        if delay > 0.0 and delay * (1.0 + high) > self.config.max_delay:
+            high = max(self.config.max_delay / delay - 1.0, -1.0)
+            low = min(low, high)
+        return low, high
 
     @property
     def active(self) -> bool:

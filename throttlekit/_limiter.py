@@ -153,11 +153,15 @@ class Limiter:
         """Build a limiter from Scrapy-style settings (any mapping, or Scrapy's ``Settings``).
 
         Throttling: ``CONCURRENT_REQUESTS`` (the global cap, default 16; 0 =
-        unlimited), ``CONCURRENT_REQUESTS_PER_DOMAIN`` (1), ``DOWNLOAD_DELAY``
-        (1.0), ``DOWNLOAD_DELAY_PER_SLOT`` (1.0), ``RANDOMIZE_DOWNLOAD_DELAY``
+        unlimited), ``CONCURRENT_REQUESTS_PER_DOMAIN`` (1; or its newer name
+        ``THROTTLING_SCOPE_CONCURRENCY``, which wins), ``DOWNLOAD_DELAY``
+        (1.0), ``DOWNLOAD_DELAY_PER_SLOT`` (1.0; both 0 when not given under
+        ``THROTTLING_ADAPTIVE``), ``RANDOMIZE_DOWNLOAD_DELAY``
         (True = jitter 0.5; a number or a ``[low, high]`` pair),
         ``THROTTLING_WINDOW`` (60.0), ``THROTTLING_MAX_STALL`` (None),
-        ``THROTTLING_ROBOTSTXT_MAX_DELAY`` (60.0).
+        ``THROTTLING_ROBOTSTXT_MAX_DELAY`` (60.0), ``THROTTLING_SCOPE_LIMIT``
+        (100000, the constructor's ``max_scopes``), ``THROTTLING_ADAPTIVE``
+        (False; True or a dict of :class:`Adaptive` options).
 
         Controllers: ``BACKOFF_HTTP_CODES``, ``BACKOFF_EXCEPTIONS``,
         ``BACKOFF_DELAY_FACTOR`` (2.0), ``BACKOFF_MIN_DELAY`` (1.0),
@@ -171,10 +175,13 @@ class Limiter:
         ``THROTTLING_SCOPES`` maps a scope to a dict overriding the defaults:
         ``concurrency``, ``delay``, ``slot_delay``, ``jitter``, ``quota``,
         ``window``, ``max_stall``, ``ignore_robots_txt``, and ``backoff`` / ``rampup`` /
-        ``autothrottle`` (``True``, ``False`` or a dict of their fields), and
-        ``manager`` (the import path of a controller factory). Other keyword
-        arguments go to the constructor. Invalid values raise
-        :class:`ValueError`/:class:`TypeError` naming the setting.
+        ``autothrottle`` / ``adaptive`` (``True``, ``False`` or a dict of their
+        fields), and ``manager`` (the import path of a controller factory,
+        tried once here). Scrapy's ``DOWNLOAD_SLOTS`` entries (``concurrency``,
+        ``delay``, ``jitter`` or ``randomize_delay``) are scopes too, under
+        ``THROTTLING_SCOPES``'s keys. Other keyword arguments go to the
+        constructor. Invalid values raise :class:`ValueError`/:class:`TypeError`
+        naming the setting; so does a misspelt name, with the closest one.
         """
         from ._settings import limiter_options
 

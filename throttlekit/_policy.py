@@ -21,6 +21,22 @@ __all__ = ["ScopePolicy"]
 
 ControllerFactory = Callable[["ScopePolicy"], "Controller"]
 
+#: The delay of a policy that does not set one: a polite second between sends,
+#: or none under Adaptive, for which the delay is a ceiling (Adaptive finds the
+#: rate; a 1 s ceiling would hold every scope to 1 request/s).
+DEFAULT_DELAY, DEFAULT_ADAPTIVE_DELAY = 1.0, 0.0
+
+
+class _DefaultDelay(float):
+    """A delay the caller did not give: it follows ``adaptive`` (see ``ScopePolicy.delay``).
+
+    It compares, hashes, prints and computes as the plain float it holds;
+    only its type remembers that it was not given, so that ``attrs.evolve``
+    turning Adaptive on or off moves it too.
+    """
+
+    __slots__ = ()
+
 
 @attrs.frozen(kw_only=True)
 class ScopePolicy:
@@ -33,7 +49,10 @@ class ScopePolicy:
     :param concurrency: most requests of this scope in flight at once; ``None``
         means unlimited (only the limiter's global cap applies).
     :param delay: minimum seconds between any two sends in the scope (after
-        jitter). ``0`` means no delay.
+        jitter). ``0`` means no delay. Default 1.0, or 0 when ``adaptive`` is
+        set: the delay is then Adaptive's ceiling, and a ceiling of one second
+        would hold the scope to one request a second whatever the server
+        allows. Give it to set a ceiling (``delay=0.1``: at most 10 per second).
     :param slot_delay: minimum seconds between two sends in the same
         concurrency slot, measured send to send. Each of the ``concurrency``
         slots sends a request, waits for its response, then may send again
@@ -80,7 +99,7 @@ class ScopePolicy:
     """
 
     concurrency: int | None = attrs.field(default=1, validator=concurrency_limit)
-    delay: float = attrs.field(default=1.0, validator=non_negative)
+    delay: float = attrs.field(default=_DefaultDelay(DEFAULT_DELAY), validator=non_negative)
     slot_delay: float = attrs.field(default=0.0, validator=non_negative)
     jitter: tuple[float, float] = attrs.field(default=(0.0, 0.0), converter=normalize_jitter)
     quota: float | None = attrs.field(default=None, validator=optional_positive)
@@ -107,3 +126,8 @@ class ScopePolicy:
         converter=tuple,
         validator=attrs.validators.deep_iterable(attrs.validators.is_callable()),
     )
+
+    def __attrs_post_init__(self) -> None:
+        if type(self.delay) is _DefaultDelay:
+            default = DEFAULT_DELAY if self.adaptive is None else DEFAULT_ADAPTIVE_DELAY
+            object.__setattr__(self, "delay", _DefaultDelay(default))

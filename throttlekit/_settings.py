@@ -7,8 +7,7 @@ import importlib
 import json
 import math
 import re
-import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -16,29 +15,33 @@ import attrs
 from ._adaptive import Adaptive
 from ._autothrottle import AutoThrottle
 from ._backoff import DEFAULT_BACKOFF_EXCEPTIONS, DEFAULT_BACKOFF_HTTP_CODES, Backoff
+from ._controller import Controller
 from ._policy import ScopePolicy
 from ._rampup import Rampup
 
 __all__ = [
     "DEFAULT_SETTINGS",
+    "check_setting_names",
     "limiter_options",
     "misspelt_settings",
     "read_bool",
     "read_float",
     "read_int",
-    "warn_misspelt_settings",
 ]
 
 #: Every setting :meth:`Limiter.from_settings` reads, with its default.
 DEFAULT_SETTINGS: dict[str, Any] = {
     "CONCURRENT_REQUESTS": 16,
     "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+    "THROTTLING_SCOPE_CONCURRENCY": None,
+    "THROTTLING_SCOPE_LIMIT": 100_000,
     "DOWNLOAD_DELAY": 1.0,
     "DOWNLOAD_DELAY_PER_SLOT": 1.0,
     "RANDOMIZE_DOWNLOAD_DELAY": True,
     "THROTTLING_WINDOW": 60.0,
     "THROTTLING_MAX_STALL": None,
     "THROTTLING_SCOPES": {},
+    "DOWNLOAD_SLOTS": {},
     "THROTTLING_ROBOTSTXT_MAX_DELAY": 60.0,
     "BACKOFF_HTTP_CODES": sorted(DEFAULT_BACKOFF_HTTP_CODES),
     "BACKOFF_EXCEPTIONS": list(DEFAULT_BACKOFF_EXCEPTIONS),
@@ -74,9 +77,23 @@ OTHER_SETTINGS = frozenset(
         "THROTTLING_ROBOTSTXT_OBEY",
     }
 )
+#: Scrapy's own names in those families that no Scrapy version at hand may list
+#: (removed from newer ones) and that are no misspelling: not applied, not refused.
+FORMER_SCRAPY_SETTINGS = frozenset({"CONCURRENT_REQUESTS_PER_IP"})
 #: A setting whose name starts with one of these and that nothing reads is
 #: most likely a misspelling of one that something does.
-CHECKED_PREFIXES = ("DOWNLOAD_DELAY", "AUTOTHROTTLE_", "BACKOFF_", "RAMPUP_", "THROTTLING_")
+CHECKED_PREFIXES = (
+    "CONCURRENT_REQUESTS",
+    "DOWNLOAD_DELAY",
+    "AUTOTHROTTLE_",
+    "BACKOFF_",
+    "RAMPUP_",
+    "THROTTLING_",
+)
+#: So is any other name this close to a known one (difflib's ratio): one
+#: letter dropped from ``CONCURRENT_REQUESTS`` is 0.97, while Scrapy's
+#: ``DOWNLOAD_TIMEOUT`` against ``DOWNLOAD_DELAY`` is 0.73.
+MISSPELT_RATIO = 0.85
 
 _POLICY_KEYS = {
     "concurrency": "concurrency",
@@ -105,6 +122,7 @@ _SECONDS = "a finite number of seconds"
 #: the same ranges once the value is a number.
 _ALLOWED = {
     "CONCURRENT_REQUESTS": "an int >= 0 (0 = unlimited)",
+    "THROTTLING_SCOPE_LIMIT": "an int >= 1",
     "THROTTLING_ROBOTSTXT_MAX_DELAY": f"{_SECONDS} >= 0",
     "concurrency": "an int >= 1",
     "delay": f"{_SECONDS} >= 0",
@@ -159,33 +177,48 @@ _ADAPTIVE_KEYS = (
 
 
 def misspelt_settings(names: Iterable[Any], known: Iterable[str] = ()) -> dict[str, str]:
-    """The names of a throttling family that nothing reads, each with the closest known name.
+    """The names that look like a throttling setting but that nothing reads, each
+    with the closest known name.
 
-    A name is checked when it starts with one of :data:`CHECKED_PREFIXES`
-    (``DOWNLOAD_DELAY*``, ``AUTOTHROTTLE_*``, ``BACKOFF_*``, ``RAMPUP_*``,
-    ``THROTTLING_*``); ``known`` adds names read by someone else (e.g. the
-    crawler framework's own settings).
+    A name is suspect when it starts with one of :data:`CHECKED_PREFIXES`
+    (``CONCURRENT_REQUESTS*``, ``DOWNLOAD_DELAY*``, ``AUTOTHROTTLE_*``,
+    ``BACKOFF_*``, ``RAMPUP_*``, ``THROTTLING_*``) or is within
+    :data:`MISSPELT_RATIO` of a name throttlekit reads; ``known`` adds names
+    read by someone else (e.g. the crawler framework's own settings).
     """
-    readable = {*DEFAULT_SETTINGS, *OTHER_SETTINGS, *known}
-    candidates = sorted(readable)
+    ours = sorted({*DEFAULT_SETTINGS, *OTHER_SETTINGS})
+    readable = {*ours, *FORMER_SCRAPY_SETTINGS, *known}
     found = {}
     for name in names:
-        if not isinstance(name, str) or name in readable or not name.startswith(CHECKED_PREFIXES):
+        if not isinstance(name, str) or name in readable:
             continue
-        closest = difflib.get_close_matches(name, candidates, n=1, cutoff=0.0)
-        found[name] = closest[0]
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=MISSPELT_RATIO)
+        if close or name.startswith(CHECKED_PREFIXES):
+            found[name] = (close or difflib.get_close_matches(name, ours, n=1, cutoff=0.0))[0]
     return found
 
 
-def warn_misspelt_settings(
-    names: Iterable[Any], known: Iterable[str] = (), *, stacklevel: int = 1
-) -> None:
-    """Warn (``UserWarning``) about each name :func:`misspelt_settings` finds."""
-    for name, closest in misspelt_settings(names, known).items():
-        warnings.warn(
-            f"unknown setting {name}, ignored: did you mean {closest}?",
-            UserWarning,
-            stacklevel=stacklevel + 1,
+def _given_names(settings: Mapping[str, Any]) -> list[Any]:
+    """The names ``settings`` were given: with Scrapy's ``Settings``, not the
+    framework's own defaults (priority 0), which vary by Scrapy version."""
+    priority = getattr(settings, "getpriority", None)
+    if not callable(priority):
+        return list(settings)
+    return [name for name in settings if priority(name)]
+
+
+def check_setting_names(names: Iterable[Any], known: Iterable[str] = ()) -> None:
+    """Raise :class:`ValueError` naming each setting :func:`misspelt_settings` finds.
+
+    A misspelt throttling setting would leave the crawl throttled otherwise
+    than its author wrote, so it is an error, as on the command line.
+    """
+    found = misspelt_settings(names, known)
+    if found:
+        raise ValueError(
+            "; ".join(
+                f"unknown setting {name}: did you mean {close}?" for name, close in found.items()
+            )
         )
 
 
@@ -432,12 +465,12 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
 
     ``settings`` is any mapping (or Scrapy's ``Settings``); missing names take
     the defaults in :data:`DEFAULT_SETTINGS`. Invalid values raise
-    :class:`ValueError`/:class:`TypeError` naming the setting; a misspelt
-    name warns (:func:`warn_misspelt_settings`). The ``AUTOTHROTTLE_*``
+    :class:`ValueError`/:class:`TypeError` naming the setting, and so does a
+    misspelt name (:func:`check_setting_names`). The ``AUTOTHROTTLE_*``
     values are checked only when AutoThrottle is enabled, globally or for
     a scope.
     """
-    warn_misspelt_settings(settings, stacklevel=3)  # the caller of Limiter.from_settings
+    check_setting_names(_given_names(settings))
     backoff = _default_backoff(settings)
     autothrottle = None
     if read_bool(_get(settings, "AUTOTHROTTLE_ENABLED"), "AUTOTHROTTLE_ENABLED"):
@@ -452,19 +485,51 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
         # Built (and checked) only if a scope enables it.
         "autothrottle": autothrottle or (lambda: _default_autothrottle(settings)),
     }
+    default = _default_policy(settings, backoff, autothrottle, adaptive)
+    allowed = _allowed("CONCURRENT_REQUESTS")
+    cap = read_int(_get(settings, "CONCURRENT_REQUESTS"), "CONCURRENT_REQUESTS", allowed)
+    if cap < 0:
+        raise ValueError(f"CONCURRENT_REQUESTS must be {allowed}, got {cap!r}")
+    return {
+        "default": default,
+        "scopes": _scope_policies(settings, default, defaults),
+        "concurrency": cap if cap > 0 else None,
+        "robotstxt_max_delay": _at_least(settings, "THROTTLING_ROBOTSTXT_MAX_DELAY", 0, read_float),
+        "max_scopes": _at_least(settings, "THROTTLING_SCOPE_LIMIT", 1, read_int),
+    }
+
+
+def _at_least(
+    settings: Mapping[str, Any], name: str, low: float, read: Callable[[Any, str, str], Any]
+) -> Any:
+    """The number setting ``name`` (read with ``read_int`` or ``read_float``), at least ``low``."""
+    allowed = _allowed(name)
+    value = read(_get(settings, name), name, allowed)
+    if value < low:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def _default_policy(
+    settings: Mapping[str, Any],
+    backoff: Backoff,
+    autothrottle: AutoThrottle | None,
+    adaptive: Adaptive | None,
+) -> ScopePolicy:
+    """The policy of every scope not named: ``CONCURRENT_REQUESTS_PER_DOMAIN`` (or
+    ``THROTTLING_SCOPE_CONCURRENCY``, Scrapy's newer name, which wins when given),
+    ``DOWNLOAD_DELAY``, ``DOWNLOAD_DELAY_PER_SLOT`` and the rest, with the
+    default controllers; an error names the setting at fault."""
+    concurrency_setting = "CONCURRENT_REQUESTS_PER_DOMAIN"
+    if settings.get("THROTTLING_SCOPE_CONCURRENCY") is not None:
+        concurrency_setting = "THROTTLING_SCOPE_CONCURRENCY"
     try:
-        default = ScopePolicy(
+        return ScopePolicy(
             concurrency=read_int(
-                _get(settings, "CONCURRENT_REQUESTS_PER_DOMAIN"),
-                "CONCURRENT_REQUESTS_PER_DOMAIN",
-                _allowed("concurrency"),
+                _get(settings, concurrency_setting), concurrency_setting, _allowed("concurrency")
             ),
-            delay=read_float(_get(settings, "DOWNLOAD_DELAY"), "DOWNLOAD_DELAY", _allowed("delay")),
-            slot_delay=read_float(
-                _get(settings, "DOWNLOAD_DELAY_PER_SLOT"),
-                "DOWNLOAD_DELAY_PER_SLOT",
-                _allowed("slot_delay"),
-            ),
+            delay=_delay(settings, "DOWNLOAD_DELAY", adaptive),
+            slot_delay=_delay(settings, "DOWNLOAD_DELAY_PER_SLOT", adaptive),
             jitter=_jitter(_get(settings, "RANDOMIZE_DOWNLOAD_DELAY"), "RANDOMIZE_DOWNLOAD_DELAY"),
             window=read_float(
                 _get(settings, "THROTTLING_WINDOW"), "THROTTLING_WINDOW", _allowed("window")
@@ -475,75 +540,140 @@ def limiter_options(settings: Mapping[str, Any]) -> dict[str, Any]:
             adaptive=adaptive,
         )
     except (TypeError, ValueError) as exc:
-        setting = _POLICY_SETTINGS.get(str(exc).split(" ", 1)[0])
+        field = str(exc).split(" ", 1)[0]
+        setting = concurrency_setting if field == "concurrency" else _POLICY_SETTINGS.get(field)
         where = "invalid throttling settings" + (f": {setting}" if setting else "")
         raise _renamed(exc, where) from None
-    allowed = _allowed("CONCURRENT_REQUESTS")
-    cap = read_int(_get(settings, "CONCURRENT_REQUESTS"), "CONCURRENT_REQUESTS", allowed)
-    if cap < 0:
-        raise ValueError(f"CONCURRENT_REQUESTS must be {allowed}, got {cap!r}")
-    allowed = _allowed("THROTTLING_ROBOTSTXT_MAX_DELAY")
-    robots_cap = read_float(
-        _get(settings, "THROTTLING_ROBOTSTXT_MAX_DELAY"), "THROTTLING_ROBOTSTXT_MAX_DELAY", allowed
-    )
-    if robots_cap < 0:
-        raise ValueError(f"THROTTLING_ROBOTSTXT_MAX_DELAY must be {allowed}, got {robots_cap!r}")
-    scopes_setting = _get(settings, "THROTTLING_SCOPES") or {}
-    if isinstance(
-        scopes_setting, str
-    ):  # as given on a command line: scrapy -s THROTTLING_SCOPES=...
+
+
+def _delay(settings: Mapping[str, Any], name: str, adaptive: Adaptive | None) -> float:
+    """``DOWNLOAD_DELAY`` or ``DOWNLOAD_DELAY_PER_SLOT``: under Adaptive, a delay not
+    given is 0, as in :class:`ScopePolicy` (it is Adaptive's ceiling)."""
+    if adaptive is not None and settings.get(name) is None:
+        return 0.0
+    field = "delay" if name == "DOWNLOAD_DELAY" else "slot_delay"
+    return read_float(_get(settings, name), name, _allowed(field))
+
+
+def _mapping_setting(settings: Mapping[str, Any], name: str) -> Mapping[Any, Any]:
+    """A dict setting (or its JSON text, as given on a command line: ``-s NAME='{...}'``)."""
+    value = settings.get(name)
+    if value is None:
+        return {}
+    if isinstance(value, str):
         try:
-            scopes_setting = json.loads(scopes_setting)
+            value = json.loads(value)
         except ValueError:
-            raise ValueError(
-                f"THROTTLING_SCOPES must be a dict or its JSON text, got {scopes_setting!r}"
-            ) from None
-    if not isinstance(scopes_setting, Mapping):
-        raise TypeError(f"THROTTLING_SCOPES must be a dict of scope → dict, got {scopes_setting!r}")
+            raise ValueError(f"{name} must be a dict or its JSON text, got {value!r}") from None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict of scope → dict, got {value!r}")
+    return value
+
+
+#: Scrapy's ``DOWNLOAD_SLOTS`` keys, as ``THROTTLING_SCOPES`` keys (``jitter``: the
+#: magnitude, since Scrapy 2.19; ``randomize_delay``: the older boolean).
+_SLOT_KEYS = {
+    "concurrency": "concurrency",
+    "delay": "delay",
+    "jitter": "jitter",
+    "randomize_delay": "jitter",
+}
+
+
+def _scope_entries(settings: Mapping[str, Any]) -> dict[str, list[tuple[str, str, Any]]]:
+    """Each scope's ``(name in errors, THROTTLING_SCOPES key, value)`` items: those of
+    Scrapy's ``DOWNLOAD_SLOTS`` first, then those of ``THROTTLING_SCOPES``, which win."""
+    entries: dict[str, list[tuple[str, str, Any]]] = {}
+    for setting in ("DOWNLOAD_SLOTS", "THROTTLING_SCOPES"):
+        for scope, options in _mapping_setting(settings, setting).items():
+            where = f"{setting}[{scope!r}]"
+            if not isinstance(scope, str) or not scope.strip():
+                raise ValueError(
+                    f"{setting} keys must be scope names (non-empty str), got {scope!r}"
+                )
+            if not isinstance(options, Mapping):
+                raise TypeError(f"{where} must be a dict of policy keys, got {options!r}")
+            items = entries.setdefault(scope, [])
+            for key, value in options.items():
+                if setting == "DOWNLOAD_SLOTS":
+                    if key not in _SLOT_KEYS:
+                        known = ", ".join(_SLOT_KEYS)
+                        raise ValueError(f"{where} has unknown key {key!r}; known keys: {known}")
+                    items.append((f"{where}[{key!r}]", _SLOT_KEYS[key], value))
+                else:
+                    items.append((f"{where}[{key!r}]", key, value))
+    return entries
+
+
+def _scope_policies(
+    settings: Mapping[str, Any], default: ScopePolicy, defaults: dict[str, Any]
+) -> dict[str, ScopePolicy]:
+    """The policy of each scope that ``THROTTLING_SCOPES`` or ``DOWNLOAD_SLOTS`` name."""
     policies: dict[str, ScopePolicy] = {}
-    for scope, options in scopes_setting.items():
-        where = f"THROTTLING_SCOPES[{scope!r}]"
-        if not isinstance(scope, str) or not scope.strip():
-            raise ValueError(
-                f"THROTTLING_SCOPES keys must be scope names (non-empty str), got {scope!r}"
-            )
-        if not isinstance(options, Mapping):
-            raise TypeError(f"{where} must be a dict of policy keys, got {options!r}")
+    for scope, items in _scope_entries(settings).items():
         changes: dict[str, Any] = {}
-        key_of: dict[str, str] = {}  # field → the key that set it, for errors
-        for key, value in options.items():
-            name = f"{where}[{key!r}]"
+        key_of: dict[str, str] = {}  # field → the name of the item that set it, for errors
+        for name, key, value in items:
             if key in _CONTROLLER_KEYS:
                 changes.update(_controller_option(key, value, name, defaults))
+                key_of["controllers"] = name
                 continue
             field = _POLICY_KEYS.get(key)
             if field is None:
                 known = ", ".join(sorted({*_POLICY_KEYS, *_CONTROLLER_KEYS}))
+                where = name.rpartition("[")[0]
                 raise ValueError(f"{where} has unknown key {key!r}; known keys: {known}")
-            if field == "jitter":
-                value = _jitter(value, name)
-            elif field == "ignore_robots_txt":
-                value = read_bool(value, name)
-            elif field == "concurrency":
-                if value is not None:  # None: unlimited
-                    value = read_int(value, name, f"{_allowed(field)} or None (unlimited)")
-            elif field == "quota":
-                if value is not None:  # None: no quota
-                    value = read_float(value, name, f"{_allowed(field)} or None (no quota)")
-            elif field == "max_stall":
-                value = _max_stall(value, name)
-            else:
-                value = read_float(value, name, _allowed(field))
-            changes[field] = value
-            key_of[field] = key
+            changes[field] = _policy_value(field, value, name)
+            key_of[field] = name
+        if "adaptive" in changes and changes["adaptive"] != default.adaptive:
+            # Delays the settings do not give follow the scope's Adaptive, as the default's.
+            for field, setting in (
+                ("delay", "DOWNLOAD_DELAY"),
+                ("slot_delay", "DOWNLOAD_DELAY_PER_SLOT"),
+            ):
+                if field not in changes:
+                    changes[field] = _delay(settings, setting, changes["adaptive"])
         try:
-            policies[scope] = attrs.evolve(default, **changes)
+            policy = policies[scope] = attrs.evolve(default, **changes)
         except (TypeError, ValueError) as exc:
-            key = key_of.get(str(exc).split(" ", 1)[0])
-            raise _renamed(exc, where if key is None else f"{where}[{key!r}]") from None
-    return {
-        "default": default,
-        "scopes": policies,
-        "concurrency": cap if cap > 0 else None,
-        "robotstxt_max_delay": robots_cap,
-    }
+            setter = key_of.get(str(exc).split(" ", 1)[0])
+            raise _renamed(exc, setter or f"THROTTLING_SCOPES[{scope!r}]") from None
+        if "controllers" in changes:
+            _check_controllers(policy, key_of["controllers"])
+    return policies
+
+
+def _policy_value(field: str, value: Any, name: str) -> Any:
+    """The value of one policy key of a scope's entry, converted and checked."""
+    if field == "jitter":
+        return _jitter(value, name)
+    if field == "ignore_robots_txt":
+        return read_bool(value, name)
+    if field in ("concurrency", "quota") and value is None:
+        return None  # unlimited, no quota
+    if field == "concurrency":
+        return read_int(value, name, f"{_allowed(field)} or None (unlimited)")
+    if field == "quota":
+        return read_float(value, name, f"{_allowed(field)} or None (no quota)")
+    if field == "max_stall":
+        return _max_stall(value, name)
+    return read_float(value, name, _allowed(field))
+
+
+def _check_controllers(policy: ScopePolicy, name: str) -> None:
+    """Make one controller with each factory of ``policy`` now, so that an import
+    path of something else (``"builtins.len"``) fails here, not at the first request."""
+    for factory in policy.controllers:
+        try:
+            controller = factory(policy)
+        except Exception as exc:  # whatever a wrong callable raises
+            raise TypeError(
+                f"{name} must name a controller factory (a callable taking the ScopePolicy, "
+                f"e.g. a Controller class); calling {factory!r} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(controller, Controller):
+            raise TypeError(
+                f"{name} must name a controller factory; {factory!r} made {controller!r}, "
+                "not a Controller (see throttlekit.BaseController)"
+            )

@@ -9,6 +9,7 @@ work failed, 2 bad usage or configuration, 130 interrupted.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -103,13 +104,42 @@ def _register() -> None:
 _register()
 
 
+#: The usage error of the click that typer runs on (click's, or typer's own copy
+#: of it): shown by click, it is three lines (usage, a hint, the error).
+_UsageError: type[Exception] = next(
+    cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "UsageError"
+)
+
+
+def _usage_error(exc: Exception) -> str:
+    """A usage error in one line: what is wrong, then where to read more."""
+    context = getattr(exc, "ctx", None)
+    command = getattr(context, "command_path", None) or "throttlekit"
+    message = getattr(exc, "format_message", exc.__str__)()
+    message = message[:1].lower() + message[1:].rstrip(".")  # as the other errors
+    return f"{message}; see {command} --help"
+
+
 def run(argv: list[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
+
+    Every error is one line on stderr starting with ``error:``, also click's
+    usage errors (an unknown option, a value out of range).
+    """
     try:
-        app(args=argv, prog_name="throttlekit", standalone_mode=True)
+        code = app(args=argv, prog_name="throttlekit", standalone_mode=False)
+    except _UsageError as exc:
+        context = getattr(exc, "ctx", None)
+        if context is not None and not (argv if argv is not None else sys.argv[1:]):
+            typer.echo(context.get_help())  # no arguments at all: the help, as before
+            return EXIT_USAGE
+        stderr.print(f"[bold red]error:[/] {escape(_usage_error(exc))}")
+        return EXIT_USAGE
     except SystemExit as exc:
         code = exc.code
-        if code is None:
-            return 0
-        return code if isinstance(code, int) else EXIT_USAGE
-    return 0
+    except typer.Abort:
+        stderr.print("[yellow]interrupted[/]")
+        return 130
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else EXIT_USAGE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,20 @@ SERVER_MODELS: dict[str, type[Any]] = {
 }
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+#: The widest the commands' prose lines get: an 80-column terminal shows them
+#: unwrapped (tables and charts size themselves to the console).
+TEXT_COLUMNS = 80
+
+
+def print_wrapped(console: Console, text: str, indent: str = "", hang: str = "    ") -> None:
+    """Print ``text`` wrapped at word boundaries to the console (80 columns at most),
+    its first line indented by ``indent``, the others by ``hang``. A no-break
+    space (``"20\xa0s"``) keeps its words on one line and prints as a space."""
+    width = max(40, min(console.width, TEXT_COLUMNS))
+    for line in textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=hang):
+        console.print(line.replace("\xa0", " "), markup=False, highlight=False, soft_wrap=True)
 
 
 def make_console() -> Console:

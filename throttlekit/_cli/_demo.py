@@ -13,7 +13,6 @@ import anyio
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 
 from .._adaptive import Adaptive
@@ -25,6 +24,7 @@ from ._common import (
     build_limiter,
     describe_policy,
     make_console,
+    print_wrapped,
     read_toml,
     split_config,
 )
@@ -60,6 +60,14 @@ DEMO_SITES: dict[str, tuple[str, ServerModel]] = {
 
 CLIENT_TIMEOUT = 2.0
 WORKERS_PER_SITE = 8
+#: What the words of Adaptive's reasons mean, said once under the report.
+ADAPTIVE_WORDS = (
+    "(Adaptive's words: 'throttled at' is the rate it was sending when the site "
+    "refused; 'edge' is the rate the site accepted in the second before that "
+    "refusal, its measured limit, which Adaptive holds just below; 'holding' is "
+    "how long it keeps below the edge before it probes for more (longer each "
+    "time the same edge is confirmed).)"
+)
 
 
 def demo_limiter(seed: int = 0) -> Limiter:
@@ -197,8 +205,14 @@ def _explanation(crawl: _Crawl, host: str, behaviour: str) -> str:
     return f"{did}: this site {behaviour}."
 
 
-def _report(crawl: _Crawl, sites: LocalSites, elapsed: float) -> list[str]:
-    lines = []
+def _plural(count: int, noun: str) -> str:
+    """``1 request``, ``2 requests``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _report(crawl: _Crawl, sites: LocalSites, elapsed: float) -> list[tuple[str, str]]:
+    """The report's paragraphs, each with the indent of its lines."""
+    paragraphs = []
     for host in crawl.hosts:
         stats = crawl.stats[host]
         record = sites.records[host]
@@ -207,15 +221,17 @@ def _report(crawl: _Crawl, sites: LocalSites, elapsed: float) -> list[str]:
         server_errors = sum(n for status, n in stats.statuses.items() if status >= 500)
         line = (
             f"{host}: {stats.ok} ok ({stats.ok / elapsed:.1f}/s), the site saw at most "
-            f"{record.max_in_flight} requests at once"
+            f"{_plural(record.max_in_flight, 'request')} at once"
         )
         if throttled:
             line += f"; {throttled} x 429 ({throttled / max(answered, 1):.0%} of responses)"
         if server_errors or stats.timeouts:
-            line += f"; {server_errors} x 5xx and {stats.timeouts} timeouts"
-        lines.append(line)
-        lines.append(f"  {_explanation(crawl, host, DEMO_SITES[host][0])}")
-    return lines
+            line += f"; {server_errors} x 5xx and {_plural(stats.timeouts, 'timeout')}"
+        paragraphs.append(("", line))
+        paragraphs.append(("  ", _explanation(crawl, host, DEMO_SITES[host][0])))
+    if any(" edge " in text for _, text in paragraphs):
+        paragraphs.append(("", ADAPTIVE_WORDS))
+    return paragraphs
 
 
 async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Console) -> None:
@@ -228,15 +244,16 @@ async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Conso
     crawl = _Crawl(limiter, hosts)
     models = {host: model for host, (_, model) in DEMO_SITES.items()}
     async with LocalSites(models, seed=seed) as sites:
-        console.print(
-            f"local sites on {sites.proxy_url} (the crawler's HTTP proxy), crawled for "
-            f"{duration:g} s by {WORKERS_PER_SITE} workers per site through httpx + throttlekit:",
-            soft_wrap=True,
+        print_wrapped(
+            console,
+            f"{WORKERS_PER_SITE} workers per site crawl for {duration:g}\xa0s through httpx + "
+            f"throttlekit the local sites on {sites.proxy_url} (the crawler's HTTP proxy):",
+            hang="  ",
         )
         for host, (behaviour, _) in DEMO_SITES.items():
-            console.print(f"  [bold]{escape(host)}[/] {escape(behaviour)}", soft_wrap=True)
+            print_wrapped(console, f"{host} {behaviour}", "  ")
             policy = describe_policy(limiter, host)
-            console.print(f"    throttlekit applies: {escape(policy)}", soft_wrap=True)
+            print_wrapped(console, f"throttlekit applies: {policy}", "    ", "      ")
         inner = Stopwatch(httpx.AsyncHTTPTransport(proxy=sites.proxy_url))
         transport = ThrottledTransport(limiter, inner)
         async with httpx.AsyncClient(
@@ -270,8 +287,8 @@ async def _run_demo(limiter: Limiter, duration: float, seed: int, console: Conso
         console.print()
         console.print(crawl.table(anyio.current_time(), f"after {elapsed:.1f} s:"))
         console.print()
-        for line in _report(crawl, sites, elapsed):
-            console.print(line, markup=False, soft_wrap=True)
+        for indent, text in _report(crawl, sites, elapsed):
+            print_wrapped(console, text, indent)
 
 
 class _Nothing:

@@ -316,7 +316,7 @@ def fetch_command(
         typer.Option(
             "--adaptive",
             help="THROTTLING_ADAPTIVE: find and hold what each host allows, with --per-host "
-            "and --delay as the ceiling.",
+            "and --delay (default 0 here) as the ceiling.",
         ),
     ] = False,
     timeout: Annotated[

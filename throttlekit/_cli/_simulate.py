@@ -36,6 +36,7 @@ from ._common import (
     make_console,
     parse_assignment,
     parse_server,
+    print_wrapped,
     read_toml,
     server_from_table,
     split_config,
@@ -181,7 +182,9 @@ def _workload(plan: _Plan) -> list[SimRequest]:
 
 
 def _summary(trace: Trace) -> Table:
-    table = Table(title="summary", title_justify="left")
+    # Borderless, each cell on one line: the ten columns fit in 80 (a boxed
+    # table squeezed its labels to "settl…" there).
+    table = Table(title="summary", title_justify="left", box=None, pad_edge=False, padding=(0, 1))
     for name in (
         "scope",
         "sent",
@@ -189,12 +192,16 @@ def _summary(trace: Trace) -> Table:
         "429",
         "errors",
         "ok/s",
-        "mean delay",
-        "final delay",
+        "mean\ndelay",
+        "final\ndelay",
         "settled",
         "backoff",
     ):
-        table.add_column(name, justify="left" if name == "scope" else "right")
+        if name == "scope":  # a long name folds over lines rather than squeeze the numbers
+            table.add_column(name, justify="left", overflow="fold")
+        else:
+            widest = max(len(part) for part in name.split("\n"))
+            table.add_column(name, justify="right", no_wrap=True, min_width=widest)
     rows = list(trace.scopes)
     if len(rows) > 1:
         rows.append("")
@@ -376,14 +383,11 @@ def simulate_command(
         )
     console = make_console()
     workload = _workload(plan)
-    console.print(
-        f"[bold]workload[/]: {escape(plan.description)}, {plan.duration:g} s simulated",
-        soft_wrap=True,
-    )
+    print_wrapped(console, f"workload: {plan.description}, {plan.duration:g}\xa0s simulated")
     for host in plan.hosts:
         model = plan.server.sites[host] if isinstance(plan.server, Sites) else plan.server
-        console.print(f"[bold]{escape(host)}[/]: {escape(describe_server(model))}", soft_wrap=True)
-        console.print(f"  policy: {escape(describe_policy(limiter, host))}", soft_wrap=True)
+        print_wrapped(console, f"{host}: {describe_server(model)}")
+        print_wrapped(console, f"policy: {describe_policy(limiter, host)}", "  ")
     started = time.perf_counter()
     result = simulate(limiter, plan.server, workload, duration=plan.duration, seed=plan.seed)
     elapsed = time.perf_counter() - started

@@ -29,7 +29,8 @@ What it does, per request that reaches the downloader:
 3. Scrapy's own per-slot delay and concurrency are neutralised: each
    download slot gets delay 0 and a concurrency that never binds when a
    request enters it, so ``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN``
-   and ``DOWNLOAD_SLOTS`` are applied once, by throttlekit, not twice.
+   and ``DOWNLOAD_SLOTS`` (read as scopes) are applied once, by throttlekit,
+   not twice.
 
 **Where requests wait, and CONCURRENT_REQUESTS.** Scrapy runs the downloader
 middlewares *before* a request enters its download slot, and counts every
@@ -53,7 +54,8 @@ Scrapy's ``robots_parsed`` signal, or, on a Scrapy without it (< 2.14), by
 parsing the robots.txt response as it passes through.
 
 **Settings** are checked when the crawler starts: a bad value stops it with
-one log line naming the setting, a misspelt name warns.
+one log line naming the setting, and so does a misspelt name (with the
+closest known one).
 
 **AutoThrottle.** Scrapy's AutoThrottle extension adjusts the very slot delay
 this middleware neutralises, so with both enabled it has no effect; a
@@ -102,7 +104,7 @@ from .. import scopes as _scopes
 from .._errors import ScopeStalled
 from .._limiter import Limiter
 from .._policy import ScopePolicy
-from .._settings import DEFAULT_SETTINGS, warn_misspelt_settings
+from .._settings import DEFAULT_SETTINGS, check_setting_names
 from ._common import HeldPermit, missing_extra
 
 try:
@@ -154,7 +156,9 @@ def limiter_from_settings(settings: BaseSettings) -> Limiter:
     reads, with Scrapy's forms understood: ``THROTTLING_SCOPES`` may be a JSON
     string (as given with ``-s``), and Scrapy's ``DOWNLOAD_DELAY_JITTER``
     (the magnitude of the random variation, e.g. ``0.5`` for x0.5..x1.5)
-    applies unless ``RANDOMIZE_DOWNLOAD_DELAY`` is set at a higher priority.
+    applies unless ``RANDOMIZE_DOWNLOAD_DELAY`` is set at a higher priority,
+    and ``THROTTLING_SCOPE_CONCURRENCY`` (the newer name) wins over
+    ``CONCURRENT_REQUESTS_PER_DOMAIN`` unless that is set at a higher priority.
     Note that Scrapy's defaults apply where a setting is not given:
     ``CONCURRENT_REQUESTS = 16``, ``CONCURRENT_REQUESTS_PER_DOMAIN = 8``,
     ``DOWNLOAD_DELAY = 0``; ``DOWNLOAD_DELAY_PER_SLOT`` is not a Scrapy
@@ -169,6 +173,11 @@ def limiter_from_settings(settings: BaseSettings) -> Limiter:
     """
     values = {name: settings.get(name) for name in DEFAULT_SETTINGS}
     values["THROTTLING_SCOPES"] = _scopes_setting(settings)
+    values["DOWNLOAD_SLOTS"] = _slots_setting(settings)
+    if _priority(settings, "CONCURRENT_REQUESTS_PER_DOMAIN") > _priority(
+        settings, "THROTTLING_SCOPE_CONCURRENCY"
+    ):
+        values["THROTTLING_SCOPE_CONCURRENCY"] = None  # the older name, set later, wins
     jitter = _jitter_setting(settings)
     if jitter is not None:
         values["RANDOMIZE_DOWNLOAD_DELAY"] = jitter
@@ -188,13 +197,24 @@ def limiter_from_settings(settings: BaseSettings) -> Limiter:
     return Limiter.from_settings(values, **options)
 
 
-def _scopes_setting(settings: BaseSettings) -> Any:
-    value = settings.get("THROTTLING_SCOPES")
+def _scopes_setting(settings: BaseSettings, name: str = "THROTTLING_SCOPES") -> Any:
+    value = settings.get(name)
     if isinstance(value, str):
         try:
-            return settings.getdict("THROTTLING_SCOPES")
+            return settings.getdict(name)
         except ValueError as exc:
-            raise ValueError(f"THROTTLING_SCOPES is not a valid JSON object: {exc}") from None
+            raise ValueError(f"{name} is not a valid JSON object: {exc}") from None
+    return value
+
+
+def _slots_setting(settings: BaseSettings) -> Any:
+    """Scrapy's ``DOWNLOAD_SLOTS`` as a plain dict (Scrapy keeps dict settings as
+    ``BaseSettings``), or the value as it is when it is not a dict, for the error."""
+    value = settings.get("DOWNLOAD_SLOTS")
+    if isinstance(value, BaseSettings):
+        return value.copy_to_dict()
+    if isinstance(value, str):
+        return _scopes_setting(settings, "DOWNLOAD_SLOTS")
     return value
 
 
@@ -315,7 +335,7 @@ class ThrottlingMiddleware:
         settings = crawler.settings
         if not settings.getbool("THROTTLING_ENABLED", True):
             raise NotConfigured("THROTTLING_ENABLED is off")
-        warn_misspelt_settings(settings, _SCRAPY_SETTINGS)
+        check_setting_names(settings, _SCRAPY_SETTINGS)
         if not _asyncio_available():
             raise RuntimeError(
                 "throttlekit's Scrapy middleware needs asyncio: set TWISTED_REACTOR = "
@@ -376,13 +396,6 @@ class ThrottlingMiddleware:
                 "controller applies the AUTOTHROTTLE_* settings to every scope instead. "
                 'Disable the extension with EXTENSIONS = {"scrapy.extensions.throttle.'
                 'AutoThrottle": None} to silence its debug output.'
-            )
-        if settings.getdict("DOWNLOAD_SLOTS"):
-            logger.warning(
-                "DOWNLOAD_SLOTS delays and concurrency are not applied while throttlekit's "
-                "ThrottlingMiddleware is enabled: configure THROTTLING_SCOPES instead "
-                "(a slot name set as download_slot meta is a scope of that name; a host's "
-                "scope is the host, with the port when it is not the default)"
             )
 
     @classmethod
@@ -691,12 +704,13 @@ class ThrottlingMiddleware:
         logger.info(
             "throttlekit: at most %s requests downloading at once, %s more may wait for a "
             "permit (THROTTLING_MAX_WAITING); per scope by default: concurrency %s, "
-            "delay %g s, slot delay %g s",
+            "delay %g s, slot delay %g s, Adaptive (THROTTLING_ADAPTIVE) %s",
             self.concurrent_requests or "unlimited",
             self.max_waiting if self.concurrent_requests else "any number",
             default.concurrency,
             default.delay,
             default.slot_delay,
+            "on: these are its ceiling" if default.adaptive is not None else "off",
         )
         after = _middlewares_after(self, downloader.middleware.middlewares)
         if after:
