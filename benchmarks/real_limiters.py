@@ -1,4 +1,6 @@
-"""The real-limiter suite: clients against nginx, HAProxy and the ``limits`` library's limiters.
+"""The real-limiter suite: Adaptive, Backoff alone, an oracle that knows the limit and Scrapy's
+AutoThrottle against real nginx, HAProxy and limits-library limiters, configured as their
+documentation shows and counted from the servers' own access logs.
 
 Rate limiters as deployed, configured as their own documentation shows, each
 served by a child process on 127.0.0.1 with its own configuration in a
@@ -510,6 +512,9 @@ def _result(
         "the log date in ms and %Ta; the Python sites: their own log), over the requests that "
         "arrived within the run from the first one. HAProxy's deny sends Retry-After: 1; the "
         "Python sites log the Retry-After they sent; nginx announces no wait.",
+        "The allowed rate of limit_conn is its limit over the origin's latency (4 / 0.1 s); "
+        "the proxy and the client's own overhead keep even the oracle below it, so the "
+        "targets compare Adaptive with what the oracle got in the same run.",
         *(f"{client.name}: {client.summary}" for client in clients),
     ]
     if config.quick:
@@ -518,11 +523,19 @@ def _result(
             "A quick run: every client against every limiter at once for "
             f"{QUICK_SECONDS:g} s; the numbers mean nothing.",
         )
+    configurations = Table(
+        "The limiters as configured (each client gets its own instance)",
+        ["limiter", "configuration", "allowed rate", "run"],
+    )
+    for limiter in limiters:
+        configurations.add(
+            limiter.name, limiter.summary, f"{limiter.rate:g}/s", f"{limiter.seconds:g} s"
+        )
     return SuiteResult(
         name="real-limiters",
         title="Real rate limiters: nginx, HAProxy and the limits library",
         description=(__doc__ or "").split("\n\n")[0],
-        tables=[_table(limiters, cases)],
+        tables=[_table(limiters, cases), configurations],
         targets=targets,
         skipped=skipped,
         notes=notes,
