@@ -250,42 +250,68 @@ def _plan(client: Client, instances: Sequence[Instance], budget: float) -> dict[
     }
 
 
+_Started = tuple[subprocess.Popen[bytes], Path, Sequence[Instance]]
+
+
 def _start_client(
     client: Client, instances: Sequence[Instance], budget: float, workdir: Path
-) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start one client process crawling ``instances``; the process and its directory."""
+) -> _Started:
+    """Start one client process crawling ``instances``."""
     workdir.mkdir(parents=True, exist_ok=True)
     plan = workdir / "plan.json"
     plan.write_text(json.dumps(_plan(client, instances, budget)), encoding="utf-8")
     path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    command = [sys.executable, "-m", "benchmarks.quality_clients", str(plan)]
     with (workdir / "log.txt").open("wb") as log:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.quality_clients",
-                str(plan),
-                str(workdir / "result.json"),
-            ],
+            [*command, str(workdir / "result.json")],
             cwd=workdir,
             env={**os.environ, "PYTHONPATH": path},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    return process, workdir
+    return process, workdir, instances
 
 
-def _wait_clients(started: Sequence[tuple[subprocess.Popen[bytes], Path]], budget: float) -> None:
-    for process, workdir in started:
+def _view(result: dict[str, Any], instance: Instance) -> dict[str, Any]:
+    """The client's view of one instance: final throttling state, one sample a second."""
+    scope = f"127.0.0.1:{instance.port}"
+    start = result.get("started") or 0.0
+    samples: list[list[Any]] = []
+    for sample in result.get("samples") or []:
+        t = sample["t"] - start
+        if sample.get("scope") in (scope, "127.0.0.1") and (not samples or t - samples[-1][0] >= 1):
+            samples.append(
+                [
+                    round(t, 2),
+                    round(sample["delay"], 4),
+                    sample.get("concurrency"),
+                    sample.get("in_flight"),
+                    sample.get("reason"),
+                ]
+            )
+    return {
+        "final": (result.get("scopes") or {}).get(scope),
+        "samples": samples,
+        "counts": result.get("counts"),
+    }
+
+
+def _wait_clients(started: Sequence[_Started], budget: float) -> None:
+    for process, workdir, instances in started:
         try:
             code = process.wait(timeout=budget + 120)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
             code = None
-        if code != 0 or not (workdir / "result.json").exists():
+        output = workdir / "result.json"
+        if code != 0 or not output.exists():
             log = (workdir / "log.txt").read_text(encoding="utf-8", errors="replace")
             raise RuntimeError(f"client in {workdir.name} exited with {code}: {log[-3000:]}")
+        result = json.loads(output.read_text(encoding="utf-8"))
+        for instance in instances:
+            instance.view = _view(result, instance)
 
 
 def _run_full(
@@ -380,7 +406,8 @@ def run_real_limiters(config: RunConfig) -> SuiteResult:
                     _run_full(instances, limiters, clients, workdir)
         for (name, client), instance in instances.items():
             budget = QUICK_SECONDS if config.quick else instance.limiter.seconds
-            cases.setdefault(name, {})[client] = measure(instance.records, instance.limiter, budget)
+            case = measure(instance.records, instance.limiter, budget)
+            cases.setdefault(name, {})[client] = {**case, "client": instance.view}
     return _result(config, limiters, clients, skipped, cases, load, time.monotonic() - started)
 
 

@@ -81,6 +81,8 @@ class Instance:
     port: int
     log: Path
     records: list[Record] = field(default_factory=list)
+    #: The client's own view of this instance: its final throttling state and samples.
+    view: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
