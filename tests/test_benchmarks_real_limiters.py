@@ -1,9 +1,11 @@
-"""Smoke test of the real-limiter benchmark: ``--quick`` against real nginx, HAProxy and limits.
+"""The real-limiter benchmark: a ``--quick`` smoke run, and its virtual-time twin.
 
-Skipped when nginx is not installed (CI does not need it). No throttling
-quality is asserted here: a quick run's numbers mean nothing; it shows that
-the servers start from their generated configurations, that every client
-crawls every limiter, and that the servers' own logs are read back.
+The smoke run (skipped when nginx is not installed: CI does not need it)
+asserts no throttling quality -- a quick run's numbers mean nothing; it shows
+that the servers start from their generated configurations, that every
+client crawls every limiter, and that the servers' own logs are read back.
+In virtual time, the oracle that knows each limit gets all of it from every
+model, on asyncio and trio.
 """
 
 from __future__ import annotations
@@ -12,21 +14,33 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from benchmarks.real_limiters import LIMITERS, measure
+from benchmarks.real_limiters_virtual import run_virtual
+
 REPO = Path(__file__).resolve().parent.parent
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
-        reason="nginx is not installed",
-    ),
-]
+NGINX = shutil.which("nginx") is not None or Path("/usr/sbin/nginx").exists()
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_oracle_gets_every_model_limit_in_virtual_time(backend: str) -> None:
+    # 10 s runs (the fixed minute: its 150 s, two and a half windows) keep this quick.
+    limiters = [lim if lim.reach_window > 10.0 else replace(lim, seconds=10.0) for lim in LIMITERS]
+    runs = run_virtual(limiters, backend=backend, clients={"oracle"})
+    for limiter in limiters:
+        case = measure(runs[limiter.name]["oracle"], limiter, limiter.seconds)
+        assert case["share_second_half"] == pytest.approx(1.0, abs=0.01), limiter.name
+        assert case["refused"] == 0, limiter.name
+        assert case["reach_s"] == limiter.reach_window, limiter.name
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not NGINX, reason="nginx is not installed")
 def test_quick_run_crawls_every_limiter_and_reads_the_logs(tmp_path: Path) -> None:
     output = tmp_path / "real.json"
     process = subprocess.run(
