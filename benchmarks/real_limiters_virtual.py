@@ -10,16 +10,18 @@ interval, 0.1 % over the limit's, or the allowed number in flight, without
 Backoff) run by
 :func:`~throttlekit.testing.simulate` on a backlog of requests, and the
 numbers are counted as the real suite counts them, from what the server saw.
-Deterministic and free of the machine's scheduling noise, a whole run takes
-seconds: the instrument to tune an algorithm with before confirming on the
-real servers.
+Free of the machine's scheduling noise, a whole run takes seconds: the
+instrument to tune an algorithm with before confirming on the real servers.
+It is deterministic but for the framework limiters' epoch resets, which are
+stated on the wall clock and rounded down (as Flask-Limiter does), so where
+the rounding falls varies from run to run.
 
 Usage: ``python -m benchmarks.real_limiters --virtual [--backend trio]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from throttlekit import ScopePolicy
@@ -104,14 +106,16 @@ def run_virtual(
     backend: str = "asyncio",
     with_adaptive: bool = True,
     clients: Collection[str] | None = None,
+    models: Mapping[str, ServerModel] | None = None,
 ) -> dict[str, dict[str, list[Record]]]:
     """``{limiter: {client: records}}`` of one virtual run of each limiter and client.
 
-    ``clients`` names the clients to run (``None``: all of :func:`policies`).
+    ``clients`` names the clients to run (``None``: all of :func:`policies`);
+    ``models`` gives a limiter (by name) another model than :data:`MODELS`' of its kind.
     """
     results: dict[str, dict[str, list[Record]]] = {}
     for limiter in limiters:
-        model = MODELS[limiter.kind]
+        model = (models or {}).get(limiter.name) or MODELS[limiter.kind]
         backlog = int(BACKLOG_FACTOR * limiter.rate * limiter.seconds) + 100
         for client, policy in policies(limiter, with_adaptive=with_adaptive).items():
             if clients is not None and client not in clients:
