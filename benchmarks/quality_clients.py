@@ -8,7 +8,10 @@ Usage: ``python -m benchmarks.quality_clients plan.json result.json``
   whatever settings the plan gives: Scrapy's AutoThrottle, or throttlekit's
   middleware), ``"httpx"`` (``httpx.AsyncClient`` over throttlekit's
   :class:`~throttlekit.adapters.httpx.ThrottledTransport`, the limiter's
-  default policy built from ``policy``) or ``"baseline"`` (a plain
+  default policy built from ``policy``), ``"paced"`` (a plain
+  ``httpx.AsyncClient`` sending evenly at each site's ``rate`` per second, or
+  keeping its ``workers`` requests in flight: the oracle that knows the
+  limit) or ``"baseline"`` (a plain
   ``httpx.AsyncClient`` sending one request at a time, no throttling: the
   sites' latency unloaded);
 * ``settings`` (Scrapy): Scrapy settings;
@@ -321,6 +324,78 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# -- paced -------------------------------------------------------------------------------
+
+
+def run_paced(plan: dict[str, Any]) -> dict[str, Any]:
+    """A client that knows each site's limit: sends evenly at its ``rate``, or keeps ``workers``.
+
+    Each site of the plan may give its own ``rate`` or ``workers`` (else the
+    plan's). With a rate, request ``i`` to the site starts ``i / rate``
+    seconds after the first (but never sooner than ``1 / rate`` after the one
+    before), whatever the answers; without one, ``workers``
+    tasks send one request after the other. No throttlekit, no retries: the
+    oracle of the real-limiter benchmark.
+    """
+    import anyio
+    import httpx
+
+    budget = float(plan["budget"])
+    margin = float(plan.get("margin", 2.0))
+    counts: Counter[str] = Counter()
+    started: list[float] = []
+    cpu_at_start: list[float] = []
+
+    async def crawl() -> None:
+        async with httpx.AsyncClient(
+            timeout=60.0, limits=httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        ) as client:
+
+            async def fetch(url: str) -> None:
+                try:
+                    response = await client.get(url)
+                except httpx.HTTPError as exc:
+                    counts[type(exc).__name__] += 1
+                else:
+                    counts[str(response.status_code)] += 1
+
+            async def worker(urls: Iterator[str]) -> None:
+                for url in urls:
+                    await fetch(url)
+
+            async def paced(site: dict[str, Any], group: Any) -> None:
+                urls = request_list([{**site, "count": 1_000_000_000}])
+                rate = site.get("rate", plan.get("rate"))
+                if rate is None:
+                    for _ in range(int(site.get("workers", plan.get("workers", 1)))):
+                        group.start_soon(worker, urls)
+                    return
+                interval = 1.0 / float(rate)
+                first = anyio.current_time()
+                last = first - interval
+                for index, url in enumerate(urls):
+                    # On schedule, but never sooner than an interval after the last
+                    # send: a stall of the event loop is not caught up with a burst.
+                    await anyio.sleep_until(max(first + index * interval, last + interval))
+                    last = anyio.current_time()
+                    group.start_soon(fetch, url)
+
+            started.append(time.monotonic())
+            cpu_at_start.append(time.process_time())
+            with anyio.move_on_after(budget + margin):
+                async with anyio.create_task_group() as group:
+                    for site in plan["sites"]:
+                        group.start_soon(paced, site, group)
+
+    anyio.run(crawl)
+    return {
+        "started": started[0] if started else None,
+        "stopped": time.monotonic(),
+        "counts": dict(counts),
+        "cpu": time.process_time() - (cpu_at_start[0] if cpu_at_start else 0.0),
+    }
+
+
 # -- baseline ----------------------------------------------------------------------------
 
 
@@ -383,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_httpx(plan)
     elif client == "baseline":
         result = run_baseline(plan)
+    elif client == "paced":
+        result = run_paced(plan)
     else:
         print(f"unknown client {client!r}", file=sys.stderr)
         return 2

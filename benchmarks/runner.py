@@ -23,7 +23,12 @@ from ._harness import RunConfig, Suite, machine_info, render_suite_text
 __all__ = ["DEFAULT_OUTPUT", "SCHEMA", "SUITE_MODULES", "all_suites", "main"]
 
 #: Modules that define suites, in the order they run.
-SUITE_MODULES = ("benchmarks.overhead", "benchmarks.quality", "benchmarks.redis_bench")
+SUITE_MODULES = (
+    "benchmarks.overhead",
+    "benchmarks.quality",
+    "benchmarks.real_limiters",
+    "benchmarks.redis_bench",
+)
 #: Where a full run writes its results (the docs page is generated from it).
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "latest.json"
 #: Version of the JSON layout, bumped when it changes incompatibly.

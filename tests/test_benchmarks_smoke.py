@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SUITES = {"uncontended", "scopes", "contended", "cap", "quality", "redis"}
+SUITES = {"uncontended", "scopes", "contended", "cap", "quality", "real-limiters", "redis"}
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def _check_rst(text: str) -> None:
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
     output = tmp_path_factory.mktemp("benchmarks") / "quick.json"
-    process = _run("benchmarks", "--quick", "--output", str(output), timeout=55)
+    process = _run("benchmarks", "--quick", "--output", str(output), timeout=150)
     assert process.returncode == 0, process.stdout + process.stderr
     return json.loads(output.read_text(encoding="utf-8")), process.stdout, output
 

@@ -66,6 +66,18 @@ def at_least_one(instance: object, attribute: attrs.Attribute[Any], value: objec
         raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
 
 
+def non_negative_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An int >= 0 (ValueError naming the field otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def http_status(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An HTTP status, an int in 100-599 (ValueError naming the field otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 100 <= value <= 599:
+        raise ValueError(f"{attribute.name} must be an HTTP status (100-599), got {value!r}")
+
+
 def concurrency_limit(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is None:
         return

@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 from ._invariants import PolicyViolation, Violation, assert_respects, check_respects
+from ._limiters import FrameworkLimiter, HAProxyRate, NginxLimitConn, NginxLimitReq
 from ._loop import SimulationDeadlock, VirtualEventLoop
 from ._model import SimRequest, SimResponse, burst, poisson, steady
 from ._servers import (
@@ -49,6 +50,10 @@ __all__ = [
     "CapacityServer",
     "FixedServer",
     "FlakyServer",
+    "FrameworkLimiter",
+    "HAProxyRate",
+    "NginxLimitConn",
+    "NginxLimitReq",
     "Outcome",
     "PolicyViolation",
     "QuotaServer",
