@@ -702,7 +702,7 @@ async def test_a_release_without_feedback_goes_out_with_the_next_call(
     async with limiter.acquire(scopes="warmup"):
         pass  # the scripts loaded: only then is a release sent without waiting
     await anyio.lowlevel.checkpoint()  # (that release written)
-    (connection,) = backend._link._idle
+    (connection,) = backend._link.link._idle
     writer = connection._writer
     writes: list[int] = []
     write, writelines = writer.write, writer.writelines

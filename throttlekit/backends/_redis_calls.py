@@ -29,16 +29,8 @@ from .._clock import now as _now
 from . import _redis_scripts as scripts
 from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
-from ._redis_link import (
-    UNAVAILABLE,
-    Deadlines,
-    Link,
-    Script,
-    Settle,
-    bulk,
-    bulk_of,
-    describe_failure,
-)
+from ._redis_link import UNAVAILABLE, Deadlines, Script, Settle, bulk, bulk_of, describe_failure
+from ._redis_nodes import Nodes
 from ._redis_state import STATE_FIELDS, PolicyArgs, feedback_write, parse_states, send_write
 
 if TYPE_CHECKING:
@@ -111,13 +103,19 @@ def ms(seconds: float) -> bytes:
 
 
 class ScriptCalls:
-    """The scripts of one backend, called on its :class:`~._redis_link.Link`."""
+    """The scripts of one backend, called on its :class:`~._redis_nodes.Nodes`.
+
+    ``colocate`` maps a scope to the group whose hash tag its keys carry
+    (None: the scope's own), so that a Redis Cluster keeps a group's scopes
+    in one slot.
+    """
 
     def __init__(
         self,
-        link: Link,
+        link: Nodes,
         *,
         prefix: str,
+        colocate: Callable[[str], str] | None = None,
         lease_time: float,
         reserve_ahead: float,
         state_ttl: float,
@@ -128,6 +126,7 @@ class ScriptCalls:
         self.link = link
         self.deadlines = Deadlines()
         self.prefix = prefix
+        self.colocate = colocate
         self.lease_time = lease_time
         self.release_timeout = release_timeout
         self.command_timeout = command_timeout
@@ -190,7 +189,13 @@ class ScriptCalls:
         if cached is None:
             if len(self._keys) > 4096:
                 self._keys.clear()
-            tag = ("{" + self.prefix + ":" + scope + "}:").encode()
+            if self.colocate is None:
+                tag = ("{" + self.prefix + ":" + scope + "}:").encode()
+            else:
+                group = self.colocate(scope)
+                if not isinstance(group, str):
+                    raise TypeError(f"colocate({scope!r}) must return a str, got {group!r}")
+                tag = ("{" + self.prefix + ":" + group + "}:" + scope + ":").encode()
             keys = [tag + suffix.encode() for suffix in SUFFIXES]
             encoded = b"".join(map(bulk, keys))
             cached = self._keys[scope] = (keys, encoded, bulk(scope.encode()))
@@ -206,10 +211,15 @@ class ScriptCalls:
 
         :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
         """
-        return await self._send(script, script.command(keys, args), deadline)
+        return await self._send(script, script.command(keys, args), keys[0], deadline)
 
     async def _send(
-        self, script: Script, command: bytes, deadline: float, later: Settle | None = None
+        self,
+        script: Script,
+        command: bytes,
+        key: bytes,
+        deadline: float,
+        later: Settle | None = None,
     ) -> Any:
         """:meth:`call` with the command encoded already.
 
@@ -219,7 +229,8 @@ class ScriptCalls:
         bound = self.command_timeout
         if deadline != INF:
             bound = min(bound, max(deadline - _now(), GRACE))
-        reply = await self.deadlines.bounded(self.link.call(script, command, later=later), bound)
+        call = self.link.call(script, command, key, later=later)
+        reply = await self.deadlines.bounded(call, bound)
         if reply is not None:  # (a call sent without waiting proves nothing)
             self.link.answered()
         return reply
@@ -261,6 +272,8 @@ class ScriptCalls:
             want = _WANTED if policy_args.controlled else _NOT_WANTED
             cost_arg = _ONE if cost == 1.0 else bulk_of(cost)
             args += (cost_arg, bulk_of(rng.random()), bulk(more), want, policy_args.encoded)
+        if self.link.cluster is not None and len(costs) > 1:
+            self._check_one_slot(costs, keys)
         tombstone = keys[0][:-1] + b"X:" + lease_id  # of a given-up call
         keys.append(tombstone)
         encoded_keys[0] = bulk(b"%d" % len(keys))
@@ -272,7 +285,7 @@ class ScriptCalls:
         self.acquire_calls += 1
         before = _now()
         try:
-            reply = await self._send(ACQUIRE, command, deadline)
+            reply = await self._send(ACQUIRE, command, keys[0], deadline)
         except BaseException as exc:
             # The script may have run before the reply was lost: hand back the
             # lease it may hold, now (cancelled) or once Redis answers again.
@@ -315,6 +328,21 @@ class ScriptCalls:
                         self.orphans.append(lease)
                 raise
         return lease
+
+    def _check_one_slot(self, costs: dict[str, float], keys: list[bytes]) -> None:
+        """A request's scopes must live in one slot of a cluster (one atomic script call).
+
+        :raises ValueError: naming the scopes and ``colocate``, when they do not.
+        """
+        cluster = self.link.cluster
+        assert cluster is not None
+        slots = {cluster.slot(key) for key in keys[:: len(SUFFIXES)]}
+        if len(slots) > 1:
+            raise ValueError(
+                f"scopes {sorted(costs)} live in {len(slots)} slots of the Redis Cluster; "
+                "one request's scopes must share one: give RedisBackend a colocate= "
+                "function that maps them to one group (see the Redis page of the docs)"
+            )
 
     def _sample_clock(self, redis_now_ms: float, after: float) -> None:
         """Keep a lower bound of (Redis clock - limiter clock), tightest over recent calls.
@@ -429,7 +457,7 @@ class ScriptCalls:
                 parts += (self._release_scope(scope, policy_args, _NOT_WANTED, consumed), _NO_WRITE)
             # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
             command = RELEASE.frame(1 + len(lease.keys) + 6 + 8 * len(lease.scopes), parts)
-        if not self.link.post(script, command, partial(self._settled, lease)):
+        if not self.link.post(script, command, lease.keys[0], partial(self._settled, lease)):
             return False
         self.release_calls += 1
         return True
@@ -511,7 +539,7 @@ class ScriptCalls:
                         args += (values, writes.get(index, _NO_WRITE))
                     script, command = RELEASE, RELEASE.frame(count, args)
                 self.release_calls += 1
-                reply = await self._send(script, command, deadline, later)
+                reply = await self._send(script, command, lease.keys[0], deadline, later)
                 if reply is None:
                     return True  # sent; its reply is read by the next call
                 if type(reply) is bytes:  # released: "1,now,found"

@@ -31,8 +31,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
     ) from exc
 
-from .._errors import BackendUnavailable
-
 __all__ = [
     "UNAVAILABLE",
     "Deadlines",
@@ -62,6 +60,7 @@ UNAVAILABLE: Final = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     redis_errors.ReadOnlyError,
+    redis_errors.ClusterError,  # (CLUSTERDOWN, MASTERDOWN: a cluster failing over)
     OSError,
     asyncio.TimeoutError,
 )
@@ -102,17 +101,33 @@ def redact_url(url: str) -> str:
 
 
 def connect(
-    url: str, command_timeout: float, options: dict[str, Any]
-) -> tuple[aioredis.Redis, str]:
-    """A client for ``url`` and where it connects (see ``RedisBackend.from_url``)."""
+    url: str, command_timeout: float, options: dict[str, Any], cluster: bool | None = None
+) -> tuple[Any, str, Callable[[], Any] | None]:
+    """A client for ``url``, where it connects, and how to make a cluster client of it.
+
+    ``cluster``: True makes a ``RedisCluster`` client, False a client of one
+    server, None one server that becomes a cluster client on its first
+    ``MOVED`` reply (the third value makes that client). See
+    ``RedisBackend.from_url``.
+    """
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, got {type(url).__name__}")
+    if cluster not in (None, True, False):
+        raise TypeError(f"cluster must be True, False or None, got {cluster!r}")
     location = redact_url(url)
     options.setdefault("socket_connect_timeout", command_timeout)
     options.setdefault("socket_timeout", None)  # each round trip is bounded by the backend
     options.setdefault("retry", Retry(NoBackoff(), 0))
+
+    def to_cluster() -> Any:
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(url, **options)
+
     try:
-        return aioredis.from_url(url, **options), location
+        if cluster:
+            return to_cluster(), location, None
+        return aioredis.from_url(url, **options), location, None if cluster is False else to_cluster
     except (ValueError, TypeError) as exc:
         raise type(exc)(f"invalid Redis URL {location}: {exc}") from None
 
@@ -201,6 +216,25 @@ async def _value(reader: asyncio.StreamReader, parser: Any) -> Any:
     if kind == b"_":
         return None
     raise redis_errors.InvalidResponse(f"unexpected reply type {kind!r}")
+
+
+async def _read_all(connection: Any, count: int) -> list[Any]:
+    """The next ``count`` replies on ``connection``, an error reply as its exception."""
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(await read_reply(connection))
+        except redis_errors.ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+def _last(replies: list[Any]) -> Any:
+    """The last of ``replies``, once each was read; the first error reply is raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies[-1]
 
 
 async def _write(connection: Any, data: bytes) -> None:
@@ -337,24 +371,21 @@ def _fail(owed: list[Settle], exc: BaseException) -> None:
         owed.pop(0)(exc)
 
 
+#: The ``ASKING`` command: the next call on the connection may use a slot
+#: that a Redis Cluster node is importing (an ``ASK`` redirection).
+ASKING: Final = b"*1\r\n$6\r\nASKING\r\n"
+
+
 class Link:
-    """Script calls on kept connections, and whether Redis answers (for the failure policy).
+    """Script calls on kept connections of one Redis server (the caller bounds their time).
 
     :param client: the ``redis.asyncio`` client whose pool gives the connections.
     :param location: how messages name the server (no credentials).
-    :param failure: ``"fail_open"`` or ``"fail_closed"``.
-    :param reconnect_interval: seconds between attempts while Redis is away (fail-open).
     """
 
-    def __init__(
-        self, client: aioredis.Redis, *, location: str, failure: str, reconnect_interval: float
-    ) -> None:
+    def __init__(self, client: aioredis.Redis, *, location: str) -> None:
         self.client = client
         self.location = location
-        self.failure = failure
-        self.reconnect_interval = reconnect_interval
-        self.down = False
-        self.retry_at = -INF
         self._idle: list[Any] = []
         #: Per kept connection, the calls sent on it whose replies are still to read.
         self._owed: dict[Any, list[Settle]] = {}
@@ -368,12 +399,18 @@ class Link:
 
     def __repr__(self) -> str:
         owed = sum(map(len, self._owed.values()))
-        state = "down" if self.down else "up"
-        return f"<Link {self.location} {state} idle={len(self._idle)} owed={owed}>"
+        return f"<Link {self.location} idle={len(self._idle)} owed={owed}>"
 
     # -- calls ---------------------------------------------------------------------
 
-    async def call(self, script: Script, command: bytes, *, later: Settle | None = None) -> Any:
+    async def call(
+        self,
+        script: Script,
+        command: bytes,
+        *,
+        later: Settle | None = None,
+        asking: bool = False,
+    ) -> Any:
         """Run ``command`` (a call of ``script``); the caller bounds the time.
 
         A kept connection that Redis closed meanwhile (a restart) is replaced
@@ -387,8 +424,12 @@ class Link:
         in order, so that next call sees what this one did. When no kept
         connection can carry it, the call waits and returns its reply as
         usual. A failed or cancelled call drops its connection, and the calls
-        whose replies it owed get the exception.
+        whose replies it owed get the exception; an error reply (such as a
+        cluster's ``MOVED``) is raised and leaves the connection in use.
+        ``asking`` sends ``ASKING`` first (and waits for the reply).
         """
+        if asking:
+            later = None
         for attempt in (0, 1):
             connection = self._kept()
             kept = connection is not None
@@ -396,9 +437,10 @@ class Link:
                 connection = await self._connection()
             owed = self._owed.pop(connection, None)
             corked = self._corked.pop(connection, None)
+            ask = ASKING if asking else b""
             try:
                 # (One write for the calls posted meanwhile and this one.)
-                data = b"".join([*corked, command]) if corked else command
+                data = b"".join([*(corked or ()), ask, command]) if corked or asking else command
                 await _write(connection, data)
                 if (
                     later is not None
@@ -414,28 +456,37 @@ class Link:
                 if owed:
                     await self._settle(connection, owed)
                 try:
-                    reply = await read_reply(connection)
+                    if asking:
+                        reply = _last(await _read_all(connection, 2))
+                    else:
+                        reply = await read_reply(connection)
                 except redis_errors.NoScriptError:
                     self._loaded.clear()  # (SCRIPT FLUSH, or a new server)
                     load = pack(b"", 0, (b"SCRIPT", b"LOAD", script.source))
-                    await _write(connection, load + command)
-                    await read_reply(connection)
-                    reply = await read_reply(connection)
+                    await _write(connection, load + ask + command)
+                    reply = _last(await _read_all(connection, 3 if asking else 2))
             except redis_errors.ConnectionError as exc:
                 await self._drop(connection, owed, exc)
                 if kept and not attempt:
                     continue
                 raise
+            except redis_errors.ResponseError:
+                await self._keep(connection)  # (the reply was read whole: still in step)
+                raise
             except BaseException as exc:
                 await self._drop(connection, owed, exc)
                 raise
             self._loaded.add(script.sha)
-            if len(self._idle) < _KEEP:
-                self._idle.append(connection)
-            else:
-                await self.client.connection_pool.release(connection)
+            await self._keep(connection)
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _keep(self, connection: Any) -> None:
+        """Keep ``connection`` for the next call, or give it back to the pool."""
+        if len(self._idle) < _KEEP:
+            self._idle.append(connection)
+        else:
+            await self.client.connection_pool.release(connection)
 
     def post(self, script: Script, command: bytes, later: Settle) -> bool:
         """Send ``command`` without waiting for its reply, if a kept connection can carry it.
@@ -554,33 +605,3 @@ class Link:
                 await self._drop(connection, owed, redis_errors.ConnectionError("closed"))
             else:
                 await self.client.connection_pool.release(connection)
-
-    # -- health --------------------------------------------------------------------
-
-    def may_try(self, now: float) -> bool:
-        """Whether to ask Redis now (always, unless failing open and waiting to retry)."""
-        return not self.down or self.failure != "fail_open" or now >= self.retry_at
-
-    def unavailable(self, exc: BaseException, now: float) -> None:
-        """Redis did not answer: raise :class:`BackendUnavailable` if failing closed."""
-        self.retry_at = now + self.reconnect_interval
-        reason = describe_failure(exc)
-        if self.failure == "fail_closed":
-            self.down = True
-            raise BackendUnavailable(
-                f"Redis at {self.location} is unavailable ({reason}); failing closed"
-            ) from exc
-        if not self.down:
-            self.down = True
-            logger.warning(
-                "Redis at %s is unavailable (%s); throttling with this process's in-memory "
-                "ledgers until it is back (fail_open)",
-                self.location,
-                reason,
-            )
-
-    def answered(self) -> None:
-        """Redis answered a call."""
-        if self.down:
-            self.down = False
-            logger.info("Redis at %s is back; shared throttling resumed", self.location)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -44,7 +44,8 @@ from .._stats import ScopeStatistics
 from ._redis_calls import STATE, RedisBackendStatistics, ScriptCalls
 from ._redis_leases import Holdings, LocalLease, RedisLease
 from ._redis_line import WaiterLine
-from ._redis_link import UNAVAILABLE, Link, client_location, connect
+from ._redis_link import UNAVAILABLE, client_location, connect
+from ._redis_nodes import Nodes, is_cluster
 from ._redis_state import scope_statistics
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ class RedisBackend:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | aioredis.RedisCluster,
         *,
         prefix: str = "throttlekit",
         lease_time: float = 60.0,
@@ -156,6 +157,8 @@ class RedisBackend:
         seed: int | None = None,
         owns_client: bool = False,
         location: str | None = None,
+        colocate: Callable[[str], str] | None = None,
+        _to_cluster: Callable[[], Any] | None = None,
     ) -> None:
         if not isinstance(prefix, str) or not prefix:
             raise TypeError(f"prefix must be a non-empty str, got {prefix!r}")
@@ -163,8 +166,15 @@ class RedisBackend:
             raise ValueError(f"prefix must not contain '{{' or '}}' (hash tags), got {prefix!r}")
         if failure not in ("fail_open", "fail_closed"):
             raise ValueError(f"failure must be 'fail_open' or 'fail_closed', got {failure!r}")
-        if not callable(getattr(client, "pubsub", None)) or not hasattr(client, "connection_pool"):
-            raise TypeError(f"client must be a redis.asyncio.Redis client, got {type(client)!r}")
+        if not is_cluster(client) and (
+            not callable(getattr(client, "pubsub", None)) or not hasattr(client, "connection_pool")
+        ):
+            raise TypeError(
+                "client must be a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster "
+                f"client, got {type(client)!r}"
+            )
+        if colocate is not None and not callable(colocate):
+            raise TypeError(f"colocate must be a callable (scope -> group), got {colocate!r}")
         self.prefix = prefix
         self.lease_time = check_number("lease_time", lease_time, minimum=0.0, strict=True)
         self.failure: FailurePolicy = failure
@@ -182,12 +192,17 @@ class RedisBackend:
         self._client = client
         self._owns_client = owns_client
         self._location = location if location is not None else client_location(client)
-        self._link = Link(
-            client, location=self._location, failure=failure, reconnect_interval=reconnect_interval
+        self._link = Nodes(
+            client,
+            location=self._location,
+            failure=failure,
+            reconnect_interval=reconnect_interval,
+            to_cluster=_to_cluster,
         )
         self._calls = ScriptCalls(
             self._link,
             prefix=prefix,
+            colocate=colocate,
             lease_time=self.lease_time,
             reserve_ahead=self.reserve_ahead,
             state_ttl=self.state_ttl,
@@ -196,7 +211,7 @@ class RedisBackend:
             seed=seed,
         )
         self._line = WaiterLine(
-            client, self._calls.channel.decode(), self._location, self.command_timeout
+            self._link, self._calls.channel.decode(), self._location, self.command_timeout
         )
         self._holdings = Holdings()
         self._closed = False
@@ -217,6 +232,8 @@ class RedisBackend:
         release_timeout: float = 1.0,
         command_timeout: float = 1.0,
         seed: int | None = None,
+        colocate: Callable[[str], str] | None = None,
+        cluster: bool | None = None,
         **client_options: Any,
     ) -> RedisBackend:
         """Connect to ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``).
@@ -232,7 +249,7 @@ class RedisBackend:
         keyword arguments are those of the constructor; the client is closed
         by :meth:`aclose`.
         """
-        client, location = connect(url, command_timeout, client_options)
+        client, location, to_cluster = connect(url, command_timeout, client_options, cluster)
         return cls(
             client,
             prefix=prefix,
@@ -246,6 +263,8 @@ class RedisBackend:
             seed=seed,
             owns_client=True,
             location=location,
+            colocate=colocate,
+            _to_cluster=to_cluster,
         )
 
     def __repr__(self) -> str:
@@ -261,8 +280,8 @@ class RedisBackend:
         return self._location
 
     @property
-    def client(self) -> aioredis.Redis:
-        """The ``redis.asyncio`` client in use."""
+    def client(self) -> aioredis.Redis | aioredis.RedisCluster:
+        """The ``redis.asyncio`` client given (or made by :meth:`from_url`)."""
         return self._client
 
     def statistics(self) -> RedisBackendStatistics:
