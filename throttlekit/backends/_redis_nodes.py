@@ -43,10 +43,12 @@ logger = logging.getLogger("throttlekit.backends.redis")
 
 INF: Final = math.inf
 
-#: Redirections (``MOVED``, ``ASK``, ``TRYAGAIN``) one call follows before it
-#: counts as failed: a resharding step moves a slot once, a failover once more.
+#: Redirections (``MOVED``, ``ASK``) one call follows before it counts as
+#: failed: a resharding step moves a slot once, a failover once more.
+#: (``TRYAGAIN`` is retried until the caller's bound.)
 _REDIRECTS: Final = 5
-#: Seconds before a call whose keys a slot migration split (``TRYAGAIN``) is retried.
+#: Seconds before a call whose keys a slot migration split (``TRYAGAIN``) is
+#: retried: a migration moves a batch of keys in about a millisecond.
 _TRY_AGAIN: Final = 0.02
 #: Slots whose owners and keys whose slots are cached at most (then cleared).
 _CACHED: Final = 16384
@@ -61,16 +63,18 @@ class ClusterMap:
     """The slot table of a Redis Cluster, read through redis-py's ``RedisCluster``.
 
     The only code of the backend that reads the cluster client's internals:
-    ``nodes_manager`` (``initialize()``, ``get_node_from_slot()``,
-    ``nodes_cache``) and a node's ``host``, ``port``, ``connection_class``
-    and ``connection_kwargs``.
+    ``initialize()``, ``keyslot()``, ``nodes_manager`` (``initialize()``,
+    ``get_node_from_slot()``, ``nodes_cache``, ``startup_nodes``) and a
+    node's ``host``, ``port``, ``server_type``, ``connection_class`` and
+    ``connection_kwargs``.
     """
 
-    __slots__ = ("_owners", "_slots", "client", "stale")
+    __slots__ = ("_owners", "_read", "_slots", "client", "stale")
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.stale = True  # the slot table must be read before the next call
+        self._read = False
         self._owners: dict[int, tuple[str, int]] = {}
         self._slots: dict[bytes, int] = {}
 
@@ -89,7 +93,11 @@ class ClusterMap:
     async def refresh(self) -> None:
         """Read the slot table again (``CLUSTER SLOTS`` through the client)."""
         try:
-            await self.client.nodes_manager.initialize()
+            if self._read:
+                await self.client.nodes_manager.initialize()
+            else:  # (the client's own first reading: its aclose() closes what it opened)
+                await self.client.initialize()
+                self._read = True
         except redis_errors.RedisClusterException as exc:  # no node answered
             raise redis_errors.ConnectionError(f"no cluster node answered ({exc})") from None
         self._owners.clear()
@@ -138,8 +146,8 @@ class Nodes:
     :param failure: ``"fail_open"`` or ``"fail_closed"``.
     :param reconnect_interval: seconds between attempts while Redis is away (fail-open).
     :param to_cluster: makes a cluster client of the same URL, for a server
-        that turns out to be a cluster node (its first ``MOVED`` reply); None:
-        such a reply is an error.
+        that turns out to be a cluster node (its first ``MOVED``, ``ASK`` or
+        ``TRYAGAIN`` reply); None: such a reply is an error.
     """
 
     def __init__(
@@ -183,7 +191,7 @@ class Nodes:
         if link is not None:
             try:
                 return await link.call(script, command, later=later)
-            except redis_errors.MovedError:
+            except (redis_errors.AskError, redis_errors.TryAgainError):  # (MOVED too)
                 if self._to_cluster is None:
                     raise
                 self._become_cluster()
@@ -208,7 +216,9 @@ class Nodes:
         cluster = self.cluster
         assert cluster is not None
         asking: tuple[str, int] | None = None
-        for _ in range(_REDIRECTS):
+        redirects = 0
+        while redirects < _REDIRECTS:
+            redirects += 1
             if cluster.stale:
                 await cluster.refresh()
             link = self._link_at(asking or cluster.owner(key))
@@ -220,7 +230,11 @@ class Nodes:
             except redis_errors.AskError as exc:
                 asking = (exc.host, int(exc.port))
             except redis_errors.TryAgainError:
+                # The slot is migrating and the call's keys are not all on one
+                # node (a script's keys rarely all exist): try again until the
+                # migration of the slot ends (the caller bounds the time).
                 asking = None
+                redirects = 0
                 await anyio.sleep(_TRY_AGAIN)
             except UNAVAILABLE:
                 cluster.stale = True  # (a failover: the slot may be served elsewhere now)
@@ -266,7 +280,10 @@ class Nodes:
             await link.aclose()
         owned, self._owned = self._owned, []
         for client in owned:
-            await client.aclose()
+            if is_cluster(client):
+                await client.aclose()
+            else:  # (a client made with a pool does not close it unless told)
+                await client.aclose(close_connection_pool=True)
 
     def _all(self) -> list[Link]:
         one = [self.link] if self.link is not None else []
