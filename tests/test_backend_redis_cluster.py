@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from typing import Any
 
@@ -142,6 +143,24 @@ async def test_a_cluster_client_shares_one_budget_across_backends(
             await permits[0].__aexit__(None, None, None)
             assert not await refused(limiters[1], scope)  # the slot came back
             await permits[1].__aexit__(None, None, None)
+        # A release on any node wakes a waiter of the other backend through pub/sub
+        # (the backend listens on one node; a cluster publishes to all of them).
+        for scope in scopes:
+            full = [await held(limiters[0], scope) for _ in range(2)]
+            woken_after = math.inf
+
+            async def wait(scope: str = scope) -> None:
+                nonlocal woken_after
+                started = anyio.current_time()
+                await (await held(limiters[1], scope, within=5.0)).__aexit__(None, None, None)
+                woken_after = anyio.current_time() - started
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(wait)
+                await anyio.sleep(0.2)
+                await full[0].__aexit__(None, None, None)
+            await full[1].__aexit__(None, None, None)
+            assert 0.2 <= woken_after < 0.5  # (by the release, not by a timer: 5 s)
     finally:
         for backend in backends:
             await backend.aclose()

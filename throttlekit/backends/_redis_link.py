@@ -138,6 +138,9 @@ def client_location(client: Any) -> str:
     kwargs = getattr(pool, "connection_kwargs", None) or {}
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
+    service = getattr(pool, "service_name", None)
+    if isinstance(service, str):  # (a Sentinel-managed primary)
+        return f"sentinel://{service}/{kwargs.get('db', 0)}"
     host = kwargs.get("host", "?")
     port = kwargs.get("port", "?")
     db = kwargs.get("db", 0)
@@ -465,7 +468,9 @@ class Link:
                     load = pack(b"", 0, (b"SCRIPT", b"LOAD", script.source))
                     await _write(connection, load + ask + command)
                     reply = _last(await _read_all(connection, 3 if asking else 2))
-            except redis_errors.ConnectionError as exc:
+            except (redis_errors.ConnectionError, redis_errors.ReadOnlyError) as exc:
+                # (READONLY: a primary that became a replica; a new connection
+                # finds the new primary through Sentinel.)
                 await self._drop(connection, owed, exc)
                 if kept and not attempt:
                     continue
