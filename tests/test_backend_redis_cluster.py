@@ -169,23 +169,49 @@ async def test_a_cluster_client_shares_one_budget_across_backends(
 
 
 @pytest.mark.anyio
-async def test_a_request_across_slots_needs_colocate(
+async def test_a_request_across_nodes_takes_all_or_nothing(
     redis_cluster: RedisClusterServers, prefix: str
 ) -> None:
-    """Scopes in different slots: a clear error; with ``colocate``, one atomic grant."""
+    """Scopes on two nodes: granted together at one send time, or not at all, and a
+    refusal leaves the scope that had room as it was (its delay unspent)."""
     a, b = (scope for scope in spread(redis_cluster, prefix, 1)[:2])
     backend = RedisBackend.from_url(redis_cluster.url, prefix=prefix, cluster=True)
     limiter = throttlekit.Limiter(
-        default=fast(concurrency=1, delay=0.0), backend=backend, concurrency=None
+        default=fast(concurrency=1, delay=0.5), backend=backend, concurrency=None
     )
     try:
-        with pytest.raises(ValueError, match="colocate"):
-            async with limiter.acquire(scopes={a: 1, b: 1}):
-                pass
-        assert backend.statistics().grants == 0
+        both = await held(limiter, a, b)
+        assert await refused(limiter, a)
+        assert await refused(limiter, b)
+        await both.__aexit__(None, None, None)
+        admin = RedisCluster.from_url(redis_cluster.url)
+        try:  # (one send time, on both nodes)
+            sends = [await admin.hget(backend.scope_keys(scope)[1], "last") for scope in (a, b)]
+        finally:
+            await admin.aclose()
+        assert sends[0] is not None
+        assert sends[0] == sends[1]
+        await anyio.sleep(0.5)
+
+        only_b = await held(limiter, b)
+        assert await refused(limiter, a, b)  # (b is full: a's part is handed back)
+        before = backend.statistics()
+        await (await held(limiter, a, within=0.0)).__aexit__(
+            None, None, None
+        )  # (a's delay unspent)
+        assert backend.statistics().grants == before.grants + 1
+        await only_b.__aexit__(None, None, None)
+        assert backend.statistics().local_grants == 0
     finally:
         await backend.aclose()
 
+
+@pytest.mark.anyio
+async def test_colocate_keeps_a_group_in_one_slot(
+    redis_cluster: RedisClusterServers, prefix: str
+) -> None:
+    """``colocate``: a group's scopes share a hash tag, so one call grants them atomically."""
+    a, b = (scope for scope in spread(redis_cluster, prefix, 1)[:2])
     grouped = RedisBackend.from_url(
         redis_cluster.url, prefix=prefix, cluster=True, colocate=lambda scope: "site"
     )
@@ -194,6 +220,7 @@ async def test_a_request_across_slots_needs_colocate(
     )
     try:
         permit = await held(limiter, a, b)
+        assert grouped.statistics().acquire_calls == 1
         assert await refused(limiter, b)
         assert await refused(limiter, a)
         await permit.__aexit__(None, None, None)
@@ -376,14 +403,18 @@ def test_controllers_decide_alike_in_memory_and_on_a_cluster(
     """Single- and multi-scope requests on two nodes: the standalone backend's property test.
 
     Scopes ``a`` and ``c`` share one group, ``b`` and ``d`` another on a
-    different node; requests ask for one scope, or for both of a group.
+    different node; requests ask for one scope, for scopes of one group (one
+    atomic call), or for scopes of both (one part per node, handed back when
+    a part is refused).
     """
     policy = POLICIES[name]
     operations = st.lists(
         st.one_of(
             st.tuples(
                 st.just("acquire"),
-                st.sampled_from([("a",), ("b",), ("c",), ("a", "c"), ("b", "d"), ("d", "b")]),
+                st.sampled_from(
+                    [("a",), ("b",), ("c",), ("a", "c"), ("b", "d"), ("a", "b"), ("d", "c", "b")]
+                ),
             ),
             st.tuples(
                 st.just("feedback"),

@@ -27,6 +27,7 @@ import attrs
 
 from .._clock import now as _now
 from . import _redis_scripts as scripts
+from ._redis_across import AcrossSlots
 from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
 from ._redis_link import UNAVAILABLE, Deadlines, Script, Settle, bulk, bulk_of, describe_failure
@@ -152,6 +153,8 @@ class ScriptCalls:
         self._offset_at = 0.0
         #: Virtual time for the scripts (Redis-clock seconds), for tests; None = Redis's TIME.
         self.clock: Callable[[], float] | None = None
+        self.round_trip = 0.0  # of the last acquire call, seconds
+        self.across = AcrossSlots(self)
 
     def __repr__(self) -> str:
         return f"<ScriptCalls {self.prefix!r} orphans={len(self.orphans)}>"
@@ -257,9 +260,37 @@ class ScriptCalls:
         if self.orphans:
             await self.hand_back_orphans(deadline)
         lease_id = b"%s%x" % (self._id_prefix, next(self._ids))
+        if self.link.cluster is not None and len(costs) > 1:
+            groups = self._slot_groups(costs)
+            if len(groups) > 1:
+                return await self.across.attempt(
+                    costs, policies, extra, gate, turn, deadline, lease_id, groups
+                )
+        result = await self.ask(lease_id, costs, policies, extra, gate, turn, deadline)
+        if type(result) is RedisLease and result.due is not None:
+            await self.run_due(result, deadline)
+        return result
+
+    async def ask(
+        self,
+        lease_id: bytes,
+        costs: dict[str, float],
+        policies: list[ScopePolicy],
+        extra: list[int] | None,
+        gate: Ticket,
+        turn: Any,
+        deadline: float,
+        at: bytes = b"",
+    ) -> RedisLease | tuple[int, float, bool, Any, Closed | None]:
+        """One ``ACQUIRE`` call of scopes that share a slot (see :meth:`attempt`).
+
+        ``at``: the exact send time of a part of a request across slots
+        (see :data:`ACQUIRE`). A grant whose controllers must run ``on_send``
+        keeps their states in ``due``: :meth:`run_due` runs them.
+        """
         keys: list[bytes] = []
         encoded_keys = [b""]
-        args = [bulk(self.now_arg()), bulk(lease_id), self._settings, bulk_of(turn)]
+        args = [bulk(self.now_arg()), bulk(lease_id), self._settings, bulk_of(turn), bulk(at)]
         packed = []
         rng = self.rng
         for index, (scope, cost) in enumerate(costs.items()):
@@ -272,15 +303,13 @@ class ScriptCalls:
             want = _WANTED if policy_args.controlled else _NOT_WANTED
             cost_arg = _ONE if cost == 1.0 else bulk_of(cost)
             args += (cost_arg, bulk_of(rng.random()), bulk(more), want, policy_args.encoded)
-        if self.link.cluster is not None and len(costs) > 1:
-            self._check_one_slot(costs, keys)
         tombstone = keys[0][:-1] + b"X:" + lease_id  # of a given-up call
         keys.append(tombstone)
         encoded_keys[0] = bulk(b"%d" % len(keys))
         encoded_keys.append(bulk(tombstone))
         lease = RedisLease(lease_id, costs, packed, keys, b"".join(encoded_keys), gate)
-        # (number of keys, keys, clock, lease id, 4 settings, turn, 5 per scope)
-        count = 1 + len(keys) + 7 + 5 * len(packed)
+        # (number of keys, keys, clock, lease id, 4 settings, turn, at, 5 per scope)
+        count = 1 + len(keys) + 8 + 5 * len(packed)
         command = ACQUIRE.frame(count, [lease.encoded_keys, *args])
         self.acquire_calls += 1
         before = _now()
@@ -295,6 +324,7 @@ class ScriptCalls:
                     await self.hand_back_orphans(INF, quiet=True)
             raise
         after = _now()
+        self.round_trip = after - before
         if type(reply) is bytes:  # a grant: one string
             reply = reply.split(b"\n") if b"\n" in reply else reply.split(b",")
         wait = float(reply[1]) / 1000.0
@@ -318,31 +348,34 @@ class ScriptCalls:
             # The state of the controllers as of this grant: the release runs
             # them on its feedback without reading it again.
             lease.stored = {state.index: state for state in parse_states(reply[5 + due :])}
-            if not due:
-                return lease
-            try:
-                await self._run_on_send(lease, packed, reply[5 : 5 + due], deadline)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    if not await self.release(lease, None, None, used=False, quiet=True):
-                        self.orphans.append(lease)
-                raise
+            if due:
+                lease.due = reply[5 : 5 + due]
         return lease
 
-    def _check_one_slot(self, costs: dict[str, float], keys: list[bytes]) -> None:
-        """A request's scopes must live in one slot of a cluster (one atomic script call).
+    async def run_due(self, lease: RedisLease, deadline: float) -> None:
+        """Run the controllers' ``on_send`` that ``lease``'s grant reached (of each part).
 
-        :raises ValueError: naming the scopes and ``colocate``, when they do not.
+        If that fails, the lease is handed back (its send never happens).
         """
+        try:
+            for part in lease.parts or (lease,):
+                if part.due is not None:
+                    await self._run_on_send(part, part.policies, part.due, deadline)
+                    part.due = None
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if not await self.release(lease, None, None, used=False, quiet=True):
+                    self.orphans.append(lease)
+            raise
+
+    def _slot_groups(self, costs: dict[str, float]) -> list[list[int]]:
+        """The indices of ``costs``'s scopes by cluster slot, in the order of the slots."""
         cluster = self.link.cluster
         assert cluster is not None
-        slots = {cluster.slot(key) for key in keys[:: len(SUFFIXES)]}
-        if len(slots) > 1:
-            raise ValueError(
-                f"scopes {sorted(costs)} live in {len(slots)} slots of the Redis Cluster; "
-                "one request's scopes must share one: give RedisBackend a colocate= "
-                "function that maps them to one group (see the Redis page of the docs)"
-            )
+        groups: dict[int, list[int]] = {}
+        for index, scope in enumerate(costs):
+            groups.setdefault(cluster.slot(self._scope(scope)[0][0]), []).append(index)
+        return [groups[slot] for slot in sorted(groups)]
 
     def _sample_clock(self, redis_now_ms: float, after: float) -> None:
         """Keep a lower bound of (Redis clock - limiter clock), tightest over recent calls.
@@ -386,6 +419,10 @@ class ScriptCalls:
 
     async def renew(self, lease: RedisLease, seconds: float) -> bool:
         """Extend ``lease`` to ``seconds`` from now; whether every scope still held it."""
+        if lease.parts is not None:
+            renewed = [await self.renew(part, seconds) for part in lease.parts]
+            lease.expires = min(part.expires for part in lease.parts)
+            return all(renewed)
         keys = lease.keys[0 : -1 : len(SUFFIXES)]
         started = _now()
         count = await self.call(RENEW, keys, [self.now_arg(), lease.id, ms(seconds)], INF)
@@ -447,7 +484,7 @@ class ScriptCalls:
         run it, the lease is handed back by the next acquire, or lapses after
         ``lease_time``.
         """
-        if _now() >= lease.expires - _SURE - 0.1 * self.lease_time:
+        if lease.parts is not None or _now() >= lease.expires - _SURE - 0.1 * self.lease_time:
             return False
         script, command = PLAIN_RELEASE, self._plain_release(lease)
         if command is None:
@@ -499,6 +536,14 @@ class ScriptCalls:
         """
         now = _now()
         deadline = min(deadline, now + self.release_timeout)
+        if lease.parts is not None:  # (a grant across slots: each part on its node)
+            released = True
+            for part in lease.parts:
+                if not await self.release(
+                    part, feedback, consumed, used=used, quiet=quiet, deadline=deadline
+                ):
+                    released = False
+            return released
         names = list(lease.scopes)
         packed = lease.policies
         if feedback is not None:

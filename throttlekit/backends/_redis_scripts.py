@@ -172,6 +172,32 @@ local function expire_leases(key, now)
   if last[2] then redis.call('PEXPIRE', key, math.ceil(tonumber(last[2]) - now) + 1000) end
 end
 
+-- A part of a request across slots may be handed back unsent (another part
+-- refused): keep what its grant changed of the pacing, to undo it then.
+local function remember(key, lease_id, before, next)
+  local old = {}
+  for m = 1, 3 do
+    if before[m] == nil then old[m] = 'x' else old[m] = g(before[m]) end
+  end
+  redis.call('HSET', key, 'un', table.concat({lease_id, old[1], old[2], old[3], f(next)}, ','))
+end
+
+-- Undo the pacing of `lease_id`'s grant (sent at `sent`) if no send came since.
+local function undo(key, lease_id, sent)
+  local kept = redis.call('HGET', key, 'un')
+  if not kept then return end
+  local v = split(kept)
+  if v[1] ~= lease_id then return end
+  redis.call('HDEL', key, 'un')
+  local now_state = redis.call('HMGET', key, 'next', 'last')
+  if tonumber(now_state[2]) ~= sent or tonumber(now_state[1]) ~= tonumber(v[5]) then return end
+  local fields = {'next', 'last', 'factor'}
+  for m = 1, 3 do
+    if v[m + 1] == 'x' then redis.call('HDEL', key, fields[m])
+    else redis.call('HSET', key, fields[m], v[m + 1]) end
+  end
+end
+
 -- Live quota used in the window; forgets entries that left it.
 local function quota_used(Q, C, window, now)
   local limit = f(now - window)
@@ -219,7 +245,9 @@ end
 #:
 #: ARGV: clock, lease id, lease ms, reserve-ahead ms, state ttl ms, release
 #: recheck ms, the turn this caller was given last (ms, 0 = none; a value
-#: Redis handed out, not a client clock); then per scope: cost, a uniform
+#: Redis handed out, not a client clock), the exact send time of a part of
+#: a request across cluster slots (``'+ms'`` from now, or ms; ``''`` = none:
+#: as soon as may be); then per scope: cost, a uniform
 #: random number in [0, 1) for the jitter, the leases the caller holds that
 #: Redis may not count (granted while it was away), whether the caller wants
 #: the controllers' state with the grant (1: its policy has controllers), and
@@ -237,7 +265,10 @@ end
 #: again after ``wait_ms``; the blocking scope reopens, slot delays aside,
 #: after ``reopens_ms`` because of cause 1 = a server block, 2 = its quota, 3
 #: = its delay, which is ``delay`` seconds), 3 = this lease id was handed
-#: back already.
+#: back already, 4 = the exact send time has passed (ask every part again).
+#: A part granted at an exact time keeps what it changed of its scopes'
+#: pacing (``un`` in the state), so that handing it back unsent (used 0,
+#: see :data:`RELEASE`) undoes it when no send came since.
 #:
 #: An uncontended grant makes eight Redis calls: TIME, the tombstone and
 #: retry checks, the state, the lease, the bookkeeping and two expiry checks
@@ -252,7 +283,17 @@ local lease_id = ARGV[2]
 local lease_ms, reserve = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl, recheck = tonumber(ARGV[5]), tonumber(ARGV[6])
 local myturn = tonumber(ARGV[7])
-local n = (#ARGV - 7) / 5
+-- A part of a request across slots is granted at one time on every part:
+-- '+ms' from now (the first part), or that time (the others); '' = as soon as may be.
+local at = ARGV[8]
+local exact = nil
+if at ~= '' then
+  if string.sub(at, 1, 1) == '+' then exact = now + tonumber(string.sub(at, 2))
+  else exact = tonumber(at) end
+  -- (Past it already: the caller asks all the parts again.)
+  if exact < now then return {0, '0', 1, 4, now_text} end
+end
+local n = (#ARGV - 8) / 5
 
 -- A call that its caller gave up on (cancelled while the request was on its
 -- way) and that arrives after the hand-back must not grant anything.
@@ -270,7 +311,7 @@ local reopens, cause, delay = now, 3, '0'
 local pacing = 0
 for i = 1, n do
   local k = (i - 1) * 6
-  local b = 8 + (i - 1) * 5
+  local b = 9 + (i - 1) * 5
   local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
              C = KEYS[k + 5], cost = tonumber(ARGV[b]), u = tonumber(ARGV[b + 1]),
              want = ARGV[b + 3] == '1'}
@@ -323,6 +364,7 @@ end
 -- A send may be reserved up to `reserve` ms ahead, but less than one delay, so
 -- that at most one reserved lease per scope holds a slot before its send.
 if pacing > 0 then reserve = math.min(reserve, 0.9 * pacing) end
+if exact ~= nil then reserve = exact - now end
 if ready - now > reserve then
   -- Not yet. Hand out turns one delay apart, so that the workers waiting on
   -- this scope wake one after the other instead of all at once (a hint, not a
@@ -345,7 +387,7 @@ if ready - now > reserve then
           f(math.max(0, reopens - now)), cause, delay}
 end
 
-local t = math.max(now, ready)
+local t = exact or math.max(now, ready)
 -- (Numbers are formatted only when they differ: a string.format is a
 -- good part of an uncontended grant's time in Redis.)
 local t_text = now_text
@@ -356,10 +398,12 @@ for i = 1, n do
   local st = s.st
   redis.call('ZADD', s.L, f(t + lease_ms), lease_id)
   extend(s.L, math.ceil(t + lease_ms - now) + 1000, lease_ms)
+  local before = {st.next, st.last, st.factor}
   st.factor = 1 + st.jl
   if st.jl ~= st.jh then st.factor = 1 + (st.jl + (st.jh - st.jl) * s.u) end
   st.last = t
   st.next = t + st.delay * st.factor
+  if exact ~= nil then remember(s.S, lease_id, before, st.next) end
   if s.nslots > 0 and s.nslots >= st.conc - s.inflight then redis.call('ZPOPMIN', s.T) end
   local next_text, factor_text = t_text, '1'
   if st.next ~= t then next_text = f(st.next) end
@@ -510,6 +554,7 @@ for i = 1, n do
   if s.ver ~= '' then write_state(s.S, st, s.limits, s.ctl, now, ttl) end
   local removed, valid = drop_lease(s.L, lease_id, now, now_text)
   if valid then found = found + 1 end
+  if used == 0 and removed == 1 then undo(s.S, lease_id, sent) end
   if used == 1 and removed == 1 and s.p.slot > 0 and st.conc > 0 then
     -- The freed slot remembers its send time (ScopeLedger.release()).
     local inflight = redis.call('ZCARD', s.L)
