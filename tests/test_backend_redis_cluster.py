@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import re
+import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -33,6 +36,7 @@ from throttlekit.backends.redis import RedisBackend
 pytestmark = pytest.mark.redis
 
 RUNS = itertools.count()
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "redis.rst"
 
 
 @pytest.fixture
@@ -256,6 +260,28 @@ async def test_cluster_map_reads_the_supported_redis_py(
         assert cluster.any_primary()[1] in {node.port for node in redis_cluster.nodes}
     finally:
         await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_docs_cluster_example_runs(redis_cluster: RedisClusterServers, prefix: str) -> None:
+    """The Redis page's cluster example: a site's scopes in one slot, one call per request."""
+    text = DOCS.read_text()
+    blocks = re.findall(
+        r"\.\. code-block:: python\n\s*:name: redis-cluster-example\n\n((?:    .*\n|\n)+)",
+        text,
+    )
+    assert blocks, "docs/redis.rst lost its tested cluster example"
+    namespace: dict[str, Any] = {}
+    exec(compile(textwrap.dedent(blocks[0]), str(DOCS), "exec"), namespace)
+    limiter, backend = namespace["cluster_limiter"](redis_cluster.url, prefix)
+    try:
+        scopes = {"api.example.com": 1.0, "example.com": 1.0}
+        async with limiter.acquire(scopes=scopes):
+            pass
+        assert backend.statistics().acquire_calls == 1
+        assert backend.scope_keys("api.example.com")[0].startswith(f"{{{prefix}:example.com}}")
+    finally:
+        await backend.aclose()
 
 
 # -- a slot that moves ---------------------------------------------------------------------

@@ -214,7 +214,8 @@ class ScriptCalls:
 
         :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
         """
-        return await self._send(script, script.command(keys, args), keys[0], deadline)
+        key = keys[0] if keys else b""  # (a call without keys: any node)
+        return await self._send(script, script.command(keys, args), key, deadline)
 
     async def _send(
         self,
