@@ -1,10 +1,10 @@
-"""The Redis backend's connection: script calls, their time bounds, and Redis's health.
+"""The Redis backend's connection to one server: script calls and their time bounds.
 
 Every round trip of the backend is one ``EVALSHA`` sent here on a
 connection kept by the backend (taken from the client's pool once, reused
 without the pool's bookkeeping), with its arguments already encoded, its
-reply read by :func:`read_reply` (the scripts' few reply types, straight
-from the connection's stream), and bounded in time by the caller: a Redis
+reply read by redis-py's parser (:class:`Wire` is the one place that
+reaches into a connection), and bounded in time by the caller: a Redis
 that hangs (stopped, or a network that drops packets) costs a caller at
 most the bound it gave, never the socket timeouts of the client.
 """
@@ -12,6 +12,7 @@ most the bound it gave, never the socket timeouts of the client.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import sys
@@ -37,6 +38,7 @@ __all__ = [
     "Link",
     "Script",
     "Settle",
+    "Wire",
     "bulk",
     "bulk_of",
     "client_location",
@@ -171,54 +173,92 @@ def pack(head: bytes, count: int, parts: Sequence[Any]) -> bytes:
     return b"".join([b"*%d\r\n" % (count + len(parts)), head, *map(bulk_of, parts)])
 
 
-async def read_reply(connection: Any) -> Any:
-    """Read one reply of a script call from ``connection``'s stream.
+def _wants_command_name(get_connection: Any) -> bool:
+    parameter = inspect.signature(get_connection).parameters.get("command_name")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
-    The scripts reply bulk strings, integers and arrays of those (or an
-    error): this reads them where redis-py's general reader (its parser's
-    buffers, decoding and timeouts) would cost a good part of a round trip.
-    The connection is used for nothing else between its calls, so nothing of
-    its reply stream is left in redis-py's parser.
 
-    :raises redis.exceptions.ResponseError: for an error reply (the class
-        redis-py gives it, e.g. ``NoScriptError``).
-    :raises redis.exceptions.ConnectionError: when the connection is closed
-        or broken.
+class Wire:
+    """The few things the backend does to a redis-py connection that redis-py has no call for.
+
+    The one place that reads a connection's private attributes, pinned by
+    ``tests/test_backend_redis.py`` to the redis-py versions the ``redis``
+    extra accepts (``nox -s redis_py`` runs the Redis tests on the oldest and
+    the newest): a posted call is written on the connection's stream writer
+    without awaiting (``_writer``: at the end of an event-loop step, where
+    nothing can be awaited), which also tells whether the connection is
+    open. Replies are read by redis-py's own parser (``read_response``:
+    ``hiredis`` when installed), which raises an error reply as its
+    exception class (``NoScriptError``, ``MovedError``...).
     """
-    reader = connection._reader
-    if reader is None:
-        raise redis_errors.ConnectionError("the connection is closed")
-    try:
-        reply = await _value(reader, connection._parser)
-    except (asyncio.IncompleteReadError, OSError) as exc:
-        raise redis_errors.ConnectionError(f"the connection broke ({type(exc).__name__})") from exc
-    if isinstance(reply, Exception):
-        raise reply
-    return reply
+
+    __slots__ = ()
+
+    #: Whether the pool's ``get_connection`` wants a command name (redis-py
+    #: before 5.3; later versions warn when given one).
+    _NAMED: Final = _wants_command_name(aioredis.ConnectionPool.get_connection)
+
+    @staticmethod
+    async def connection(pool: Any) -> Any:
+        """A connection from ``pool`` (a ``redis.asyncio`` connection pool)."""
+        if Wire._NAMED:
+            return await pool.get_connection("EVALSHA")
+        return await pool.get_connection()
+
+    @staticmethod
+    async def read(connection: Any) -> Any:
+        """One reply (bytes, ints, lists, None), read by the connection's parser.
+
+        :raises redis.exceptions.ResponseError: for an error reply.
+        :raises redis.exceptions.ConnectionError: when the connection broke.
+        """
+        try:
+            return await connection.read_response(disable_decoding=True, disconnect_on_error=False)
+        except redis_errors.ResponseError as exc:
+            if type(exc) is redis_errors.ResponseError:  # (a parser without cluster errors)
+                raise _cluster_error(exc) from None
+            raise
+
+    @staticmethod
+    def writer(connection: Any) -> asyncio.StreamWriter | None:
+        """The connection's stream writer, or None while it is not connected."""
+        writer: asyncio.StreamWriter | None = connection._writer
+        return writer
+
+    @staticmethod
+    async def write(connection: Any, data: bytes) -> None:
+        """Write ``data`` on ``connection`` (connecting it first if it is not)."""
+        writer = connection._writer
+        if writer is None:
+            await connection.send_packed_command(data, check_health=False)
+        else:
+            writer.write(data)  # (small commands, each followed by a read: no drain)
 
 
-async def _value(reader: asyncio.StreamReader, parser: Any) -> Any:
-    """One RESP value: bytes, an int, a list, ``None``, or the exception of an error reply."""
-    line = await reader.readuntil(b"\r\n")
-    kind, rest = line[:1], line[1:-2]
-    if kind == b"$":
-        size = int(rest)
-        return None if size < 0 else (await reader.readexactly(size + 2))[:-2]
-    if kind == b":":
-        return int(rest)
-    if kind in (b"*", b">"):
-        size = int(rest)
-        values = [await _value(reader, parser) for _ in range(size)]
-        if kind == b">":  # (a RESP3 push message, not the reply: skipped)
-            return await _value(reader, parser)
-        return None if size < 0 else values
-    if kind == b"+":
-        return rest
-    if kind == b"-":
-        return parser.parse_error(rest.decode("utf-8", "replace"))
-    if kind == b"_":
-        return None
-    raise redis_errors.InvalidResponse(f"unexpected reply type {kind!r}")
+read_reply = Wire.read
+
+#: Cluster error replies by their first word (redis-py before 5.1 gives a plain
+#: ``ResponseError`` on a connection that is not a cluster client's).
+_CLUSTER_ERRORS: Final = {
+    "MOVED": redis_errors.MovedError,
+    "ASK": redis_errors.AskError,
+    "TRYAGAIN": redis_errors.TryAgainError,
+    "CLUSTERDOWN": redis_errors.ClusterDownError,
+    "MASTERDOWN": redis_errors.MasterDownError,
+}
+
+
+def _cluster_error(exc: redis_errors.ResponseError) -> redis_errors.ResponseError:
+    """``exc`` as the class redis-py gives the cluster error it is, if it is one."""
+    message = str(exc)
+    word, _, rest = message.partition(" ")
+    kind = _CLUSTER_ERRORS.get(word)
+    if kind is None:
+        return exc
+    error: redis_errors.ResponseError = kind(
+        rest if kind in (redis_errors.MovedError, redis_errors.AskError) else message
+    )
+    return error
 
 
 async def _read_all(connection: Any, count: int) -> list[Any]:
@@ -238,15 +278,6 @@ def _last(replies: list[Any]) -> Any:
         if isinstance(reply, Exception):
             raise reply
     return replies[-1]
-
-
-async def _write(connection: Any, data: bytes) -> None:
-    """Write ``data`` on ``connection`` (connecting it first if it is not)."""
-    writer = connection._writer
-    if writer is None:
-        await connection.send_packed_command(data, check_health=False)
-    else:
-        writer.write(data)  # (small commands, each followed by a read: no drain)
 
 
 class Deadlines:
@@ -444,7 +475,7 @@ class Link:
             try:
                 # (One write for the calls posted meanwhile and this one.)
                 data = b"".join([*(corked or ()), ask, command]) if corked or asking else command
-                await _write(connection, data)
+                await Wire.write(connection, data)
                 if (
                     later is not None
                     and script.sha in self._loaded
@@ -466,7 +497,7 @@ class Link:
                 except redis_errors.NoScriptError:
                     self._loaded.clear()  # (SCRIPT FLUSH, or a new server)
                     load = pack(b"", 0, (b"SCRIPT", b"LOAD", script.source))
-                    await _write(connection, load + ask + command)
+                    await Wire.write(connection, load + ask + command)
                     reply = _last(await _read_all(connection, 3 if asking else 2))
             except (redis_errors.ConnectionError, redis_errors.ReadOnlyError) as exc:
                 # (READONLY: a primary that became a replica; a new connection
@@ -512,7 +543,7 @@ class Link:
             return False
         self._idle.append(connection)  # (still the one the next call takes)
         owed = self._owed.setdefault(connection, [])
-        if len(owed) >= _OWED or getattr(connection, "_writer", None) is None:
+        if len(owed) >= _OWED or Wire.writer(connection) is None:
             if not owed:
                 del self._owed[connection]
             return False
@@ -528,7 +559,7 @@ class Link:
         self._flush_scheduled = False
         corked, self._corked = self._corked, {}
         for connection, commands in corked.items():
-            writer = getattr(connection, "_writer", None)
+            writer = Wire.writer(connection)
             if writer is None or not connection.is_connected:
                 continue  # (the next call finds it closed: its calls fail there)
             try:
@@ -570,7 +601,7 @@ class Link:
         closed, self._closed = self._closed, []
         for connection in closed:
             await pool.release(connection)
-        return await pool.get_connection()
+        return await Wire.connection(pool)
 
     async def _drop(self, connection: Any, owed: list[Settle] | None, exc: BaseException) -> None:
         """A call failed or was cancelled: its connection may hold a late reply; close it.
