@@ -377,10 +377,10 @@ async def test_a_stopped_node_costs_at_most_the_timeout_and_fails_open(
     stopped = redis_cluster.nodes[2]
     closed_scope, opened_scope = scopes[4:]  # (on the node that stops)
     closed = RedisBackend.from_url(
-        redis_cluster.url, prefix=prefix, failure="fail_closed", command_timeout=0.3
+        redis_cluster.url, prefix=prefix, failure="fail_closed", command_timeout=0.5
     )
     opened = RedisBackend.from_url(
-        redis_cluster.url, prefix=prefix, command_timeout=0.3, reconnect_interval=0.2
+        redis_cluster.url, prefix=prefix, command_timeout=0.5, reconnect_interval=0.2
     )
     limiters = [
         throttlekit.Limiter(
@@ -397,15 +397,21 @@ async def test_a_stopped_node_costs_at_most_the_timeout_and_fails_open(
         try:
             started = anyio.current_time()
             with pytest.raises(BackendUnavailable):
-                await held(limiters[0], closed_scope, within=2.0)
-            assert anyio.current_time() - started < 1.0
+                await held(limiters[0], closed_scope, within=5.0)
+            assert anyio.current_time() - started < 1.5  # (command_timeout, not 5 s)
             started = anyio.current_time()
-            permit = await held(limiters[1], opened_scope, within=2.0)  # the local ledgers'
-            assert anyio.current_time() - started < 1.0
+            permit = await held(limiters[1], opened_scope, within=5.0)  # the local ledgers'
+            assert anyio.current_time() - started < 1.5
             assert opened.statistics().local_grants == 1
             await permit.__aexit__(None, None, None)
         finally:
             stopped.resume()
+        admin = stopped.admin()
+        try:
+            with anyio.fail_after(5.0):
+                assert await admin.ping()
+        finally:
+            await admin.aclose()
         await anyio.sleep(0.3)
         for backend, limiter, scope in zip(
             (closed, opened), limiters, (closed_scope, opened_scope), strict=True

@@ -32,7 +32,7 @@ from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
 from ._redis_link import UNAVAILABLE, Deadlines, Script, Settle, bulk, bulk_of, describe_failure
 from ._redis_nodes import Nodes
-from ._redis_state import STATE_FIELDS, PolicyArgs, feedback_write, parse_states, send_write
+from ._redis_state import PolicyArgs, feedback_write, parse_states, send_write
 
 if TYPE_CHECKING:
     from .._controller import Feedback
@@ -326,31 +326,27 @@ class ScriptCalls:
             raise
         after = _now()
         self.round_trip = after - before
-        if type(reply) is bytes:  # a grant: one string
-            reply = reply.split(b"\n") if b"\n" in reply else reply.split(b",")
-        wait = float(reply[1]) / 1000.0
-        if int(reply[0]) != 1:
-            self._sample_clock(float(reply[4]), after)
-            turn = reply[5] if len(reply) > 5 else 0.0
-            closed = None
-            if len(reply) > 8:
-                closed = float(reply[6]) / 1000.0, int(reply[7]), float(reply[8])
-            return int(reply[2]) - 1, wait, int(reply[3]) == 1, turn, closed
+        decoded = scripts.decode_acquire(reply)
+        wait = decoded.wait_ms / 1000.0
+        if type(decoded) is scripts.Refused:
+            self._sample_clock(decoded.now_ms, after)
+            full = decoded.reason == 1
+            return decoded.scope_index, wait, full, decoded.turn, decoded.closed
+        assert type(decoded) is scripts.Granted
         self.grants += 1
-        send_at_ms = float(reply[2])
-        self._sample_clock(send_at_ms - wait * 1000.0, after)
+        send_at_ms = decoded.send_at_ms
+        self._sample_clock(send_at_ms - decoded.wait_ms, after)
         # Send at the reserved time on Redis's clock, as well as this process
         # can tell: never before it, and never later than a full round trip.
         lease.send_at_ms = send_at_ms
         lease.send_at = min(after + wait, max(before + wait, send_at_ms / 1000.0 - self.offset))
         lease.expires = before + wait + self.lease_time
-        if len(reply) > 4:
-            due = int(reply[4]) * STATE_FIELDS
+        if decoded.kept or decoded.due:
             # The state of the controllers as of this grant: the release runs
             # them on its feedback without reading it again.
-            lease.stored = {state.index: state for state in parse_states(reply[5 + due :])}
-            if due:
-                lease.due = reply[5 : 5 + due]
+            lease.stored = {state.index: state for state in parse_states(decoded.kept)}
+            if decoded.due:
+                lease.due = decoded.due
         return lease
 
     async def run_due(self, lease: RedisLease, deadline: float) -> None:
@@ -414,7 +410,7 @@ class ScriptCalls:
             except UNAVAILABLE as exc:
                 logger.debug("could not store the controllers' state after a send: %r", exc)
                 return  # the next send finds them still due
-            pending = parse_states(reply[1:])
+            pending = parse_states(scripts.decode_sync(reply))
             if not pending:
                 return
 
@@ -588,12 +584,14 @@ class ScriptCalls:
                 reply = await self._send(script, command, lease.keys[0], deadline, later)
                 if reply is None:
                     return True  # sent; its reply is read by the next call
-                if type(reply) is bytes:  # released: "1,now,found"
+                decoded = scripts.decode_release(reply)
+                if type(decoded) is scripts.Released:
                     break
+                assert type(decoded) is scripts.Stale
                 if feedback_at is None:
-                    feedback_at = float(reply[1]) / 1000.0  # the first reading
+                    feedback_at = decoded.now_ms / 1000.0  # the first reading
                 assert feedback is not None
-                for stored in parse_states(reply[2:]):
+                for stored in parse_states(decoded.states):
                     write = feedback_write(
                         names[stored.index], packed[stored.index], stored, feedback, feedback_at
                     )
@@ -610,7 +608,7 @@ class ScriptCalls:
                 self._not_released(exc)
             return False
         if used and not quiet:  # (a lease handed back again may well be gone: no news)
-            self._check_found(names, reply)
+            self._check_found(names, decoded)
         return True
 
     def _redis_now(self, lease: RedisLease) -> float:
@@ -621,8 +619,8 @@ class ScriptCalls:
 
     def _settled(self, lease: RedisLease, reply: Any) -> None:
         """The reply of a release sent without waiting, read by a later call."""
-        if type(reply) is bytes:  # released: "1,now,found"
-            self._check_found(list(lease.scopes), reply)
+        if type(reply) is bytes:  # released
+            self._check_found(list(lease.scopes), scripts.decode_released(reply))
             return
         # Whether Redis ran it is unknown (or it did not: an error reply):
         # hand the lease back with the next acquire.
@@ -641,9 +639,9 @@ class ScriptCalls:
             self.lease_time,
         )
 
-    def _check_found(self, names: list[str], reply: bytes) -> None:
+    def _check_found(self, names: list[str], released: Any) -> None:
         """Warn if a released lease had lapsed in some of its scopes."""
-        if int(reply.rsplit(b",", 1)[1]) < len(names):
+        if released.found < len(names):
             logger.warning(
                 "a lease on %s had expired before its release (held longer than "
                 "lease_time=%g s, or Redis lost it): raise lease_time or use keep_alive()",

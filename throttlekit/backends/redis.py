@@ -46,6 +46,7 @@ from ._redis_leases import Holdings, LocalLease, RedisLease
 from ._redis_line import WaiterLine
 from ._redis_link import UNAVAILABLE, client_location, connect
 from ._redis_nodes import Nodes, is_cluster
+from ._redis_scripts import decode_state
 from ._redis_state import scope_statistics
 
 if TYPE_CHECKING:
@@ -466,7 +467,7 @@ class RedisBackend:
         args = [calls.now_arg(), calls.args(policy).wire]
         reply = await calls.call(STATE, calls.scope_keys(scope), args, INF)
         waiting = self._line.waiting_on(scope)
-        return scope_statistics(scope, policy, reply, _now(), waiting)
+        return scope_statistics(scope, policy, decode_state(reply), _now(), waiting)
 
     # -- internals: acquiring ------------------------------------------------------
 
