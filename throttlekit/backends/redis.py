@@ -10,11 +10,13 @@ AutoThrottle, rampup, Adaptive, custom controllers)::
 
 Read top-down: this module (the Backend protocol, the fail-open fallback),
 then ``_redis_line`` (this process's waiters), ``_redis_calls`` (the round
-trips), ``_redis_scripts`` (the Lua: admission and bookkeeping),
-``_redis_state`` (the controllers, run in Python on the state kept in
-Redis), ``_redis_leases`` (what is granted and held) and ``_redis_link``
-(the connection and Redis's health). Runs on asyncio (``redis.asyncio``);
-install it with ``pip install "throttlekit-http[redis]"``.
+trips), ``_redis_across`` (a request across the slots of a cluster),
+``_redis_scripts`` and ``lua/*.lua`` (the Lua: admission and bookkeeping,
+and the decoders of its replies), ``_redis_state`` (the controllers, run in
+Python on the state kept in Redis), ``_redis_leases`` (what is granted and
+held), ``_redis_nodes`` (which server a call goes to, and Redis's health)
+and ``_redis_link`` (the connections to one server). Runs on asyncio
+(``redis.asyncio``); install it with ``pip install "throttlekit-http[redis]"``.
 """
 
 from __future__ import annotations
@@ -98,12 +100,13 @@ class RedisBackend:
     it does not wait for unless it carries feedback for the controllers (see
     :doc:`/redis` for when the controllers add one, reserved grants, turns
     and wake-ups). The limiter's global ``concurrency`` cap stays per
-    process. Runs on asyncio only; needs Redis >= 5.0; Redis Cluster works
-    for single-scope requests (a scope's keys share the hash tag
-    ``{prefix:scope}``).
+    process. Runs on asyncio only; needs Redis >= 5.0, standalone, behind
+    Sentinel (give it ``Sentinel(...).master_for(...)``) or a Redis Cluster
+    (see :doc:`/redis`).
 
-    :param client: a ``redis.asyncio.Redis`` client (not closed by :meth:`aclose`
-        unless ``owns_client``). :meth:`from_url` builds one.
+    :param client: a ``redis.asyncio.Redis`` client, or a
+        ``redis.asyncio.cluster.RedisCluster`` one (not closed by
+        :meth:`aclose` unless ``owns_client``). :meth:`from_url` builds one.
     :param prefix: the namespace of the keys: processes with the same prefix share
         budgets. No ``{`` or ``}``.
     :param lease_time: seconds a grant stays held without a release or
@@ -130,6 +133,11 @@ class RedisBackend:
     :param owns_client: close ``client`` in :meth:`aclose`.
     :param location: how logs and the repr name the server (default: the
         client's host, port and database; never credentials).
+    :param colocate: on a Redis Cluster, maps a scope to a group name whose
+        hash tag its keys carry, so that a group's scopes live in one slot
+        and a request for several of them is one atomic call (default: each
+        scope its own slot; a request across slots is granted part by part,
+        see :doc:`/redis`). Every process must map scopes alike.
 
     Usage::
 
@@ -249,6 +257,12 @@ class RedisBackend:
         outage is noticed within ``command_timeout``. The other
         keyword arguments are those of the constructor; the client is closed
         by :meth:`aclose`.
+
+        ``cluster``: ``True`` makes a Redis Cluster client
+        (``RedisCluster.from_url``), ``False`` a client of one server, and
+        ``None`` (the default) a client of one server that becomes a cluster
+        client of the same URL when the server answers as a cluster node
+        (``MOVED``, ``ASK`` or ``TRYAGAIN``).
         """
         client, location, to_cluster = connect(url, command_timeout, client_options, cluster)
         return cls(
@@ -290,7 +304,8 @@ class RedisBackend:
         return self._calls.statistics(local_grants=self._local_grants, waiting=self._line.waiting)
 
     def scope_keys(self, scope: str) -> list[str]:
-        """The Redis keys that hold ``scope`` (all with the hash tag ``{prefix:scope}``)."""
+        """The Redis keys that hold ``scope`` (all with the hash tag ``{prefix:scope}``,
+        or ``{prefix:group}`` with ``colocate``)."""
         return [key.decode() for key in self._calls.scope_keys(scope)]
 
     # -- the Backend protocol ------------------------------------------------------
