@@ -243,12 +243,14 @@ async def _work(args: argparse.Namespace) -> None:
 # -- the parent ------------------------------------------------------------------------------
 
 
-def _worker(url: str, cluster: bool, prefix: str, mode: str, duration: float) -> Any:
+def _worker(
+    url: str, cluster: bool, prefix: str, mode: str, duration: float, lease_time: float = 60.0
+) -> Any:
     command = [
         sys.executable, "-m", "benchmarks.redis_scale", "--worker",
         "--url", url, "--prefix", prefix, "--mode", mode,
         "--duration", str(duration), "--cluster", str(int(cluster)),
-        "--lease-time", str(KILL_LEASE_TIME if mode == "hold" else 60.0),
+        "--lease-time", str(lease_time),
     ]  # fmt: skip
     return subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=_ROOT
@@ -317,12 +319,12 @@ def _run(servers: Servers, processes: int, mode: str, duration: float) -> dict[s
     return result
 
 
-def _killed(servers: Servers) -> dict[str, Any]:
+def _killed(servers: Servers, lease_time: float = KILL_LEASE_TIME) -> dict[str, Any]:
     """A worker holding leases is killed: how long until they are free."""
     import redis
 
     prefix = f"scale-kill-{time.time_ns()}"
-    worker = _worker(servers.url, servers.cluster, prefix, "hold", 0.0)
+    worker = _worker(servers.url, servers.cluster, prefix, "hold", 0.0, lease_time)
     assert worker.stdout is not None
     assert worker.stdin is not None
     worker.stdout.readline()
@@ -346,18 +348,32 @@ def _killed(servers: Servers) -> dict[str, Any]:
         client.close()
     return {
         "leases": PACED_CONCURRENCY,
-        "lease_time": KILL_LEASE_TIME,
+        "lease_time": lease_time,
         "back_after_s": back_after,
-        "within_lease_time": back_after <= KILL_LEASE_TIME + 0.05,
+        "within_lease_time": back_after <= lease_time + 0.05,
     }
 
 
-def run(processes: list[int], duration: float) -> dict[str, Any]:
+def run(
+    processes: list[int],
+    duration: float,
+    lease_time: float = KILL_LEASE_TIME,
+    *,
+    cluster: bool = True,
+) -> dict[str, Any]:
+    """Every run on one node, then on a 3-node cluster (see the module's docstring)."""
     binary = shutil.which("redis-server")
     if binary is None:
         return {"skipped": "redis-server is not installed"}
-    result: dict[str, Any] = {"cores": os.cpu_count(), "tasks_per_process": TASKS, "runs": []}
-    for name, count in (("one node", 1), ("3-node cluster", 3)):
+    result: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "load_average_before": os.getloadavg()[0],
+        "tasks_per_process": TASKS,
+        "duration_s": duration,
+        "runs": [],
+    }
+    deployments = (("one node", 1), ("3-node cluster", 3))
+    for name, count in deployments if cluster else deployments[:1]:
         with tempfile.TemporaryDirectory() as directory:
             servers = Servers(binary, count, Path(directory))
             try:
@@ -369,9 +385,10 @@ def run(processes: list[int], duration: float) -> dict[str, Any]:
                         )
                         result["runs"].append(entry)
                         print(json.dumps(entry), file=sys.stderr, flush=True)
-                result.setdefault("killed", {})[name] = _killed(servers)
+                result.setdefault("killed", {})[name] = _killed(servers, lease_time)
             finally:
                 servers.stop()
+    result["load_average_after"] = os.getloadavg()[0]
     return result
 
 
@@ -395,3 +412,106 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# -- as a suite of ``python -m benchmarks`` ------------------------------------------------
+
+
+def run_suite(config: Any) -> Any:
+    """The scale measurements as a :class:`~benchmarks._harness.SuiteResult`."""
+    from ._harness import Skip, SuiteResult, Table, Target
+
+    result = SuiteResult(
+        name="redis-scale",
+        title="Redis backend at scale: one node and a 3-node cluster",
+        description=(
+            f"8, 16 and 32 worker processes x {TASKS} tasks, started by the benchmark on "
+            "127.0.0.1 against a redis-server and a 3-node Redis Cluster it starts: one scope "
+            f"paced at concurrency {PACED_CONCURRENCY} and {1 / PACED_DELAY:g} sends/s (each "
+            f"request held {HOLD * 1000:g} ms), and {SPREAD_SCOPES:,} scopes of concurrency 1 "
+            "asked at random by every task at once (saturation)"
+        ),
+    )
+    # (Quick: a smoke run of every measure, on one node only.)
+    measured = run([1], 0.3, 0.3, cluster=False) if config.quick else run([8, 16, 32], 4.0)
+    if "skipped" in measured:
+        result.skipped.append(Skip("redis-scale", measured["skipped"]))
+        return result
+    paced = Table(
+        "one scope (policy: concurrency 4, 250 sends/s)",
+        ["deployment", "processes", "achieved (sends/s)", "error %", "max in flight",
+         "smallest gap / delay", "client CPU per grant (us)"],
+    )  # fmt: skip
+    spread = Table(
+        f"{SPREAD_SCOPES:,} scopes at saturation",
+        ["deployment", "processes", "grants/s", "grants/s per node", "max in flight",
+         "Redis CPU per grant (us)", "Redis CPU per node (s)", "client CPU per grant (us)"],
+    )  # fmt: skip
+    for entry in measured["runs"]:
+        if entry["scopes"] == 1:
+            paced.add(
+                entry["deployment"],
+                entry["processes"],
+                round(entry["achieved_rate"], 1),
+                round(entry["rate_error_pct"], 1),
+                f"{entry['max_in_flight']} / {entry['concurrency']}",
+                round(entry["min_gap_over_delay"], 4),
+                round(entry["client_cpu_us_per_grant"]),
+            )
+        else:
+            spread.add(
+                entry["deployment"],
+                entry["processes"],
+                round(entry["grants_per_s"]),
+                round(entry["grants_per_s_per_node"]),
+                f"{entry['max_in_flight']} / 1",
+                round(entry["redis_cpu_us_per_grant"], 1),
+                " / ".join(f"{value:.2f}" for value in entry["redis_cpu_s_per_node"]),
+                round(entry["client_cpu_us_per_grant"]),
+            )
+    killed = Table(
+        "a worker killed while it holds every slot of a scope",
+        ["deployment", "leases", "lease_time (s)", "free again after (s)"],
+    )
+    for name, entry in measured["killed"].items():
+        killed.add(name, entry["leases"], entry["lease_time"], round(entry["back_after_s"], 3))
+    result.tables += [paced, spread, killed]
+    runs = measured["runs"]
+    worst = max(abs(entry["rate_error_pct"]) for entry in runs if entry["scopes"] == 1)
+    result.targets.append(
+        Target(
+            "Redis at scale: aggregate rate within 1 % of the policy, one scope",
+            "<= 1 %",
+            f"worst {worst:.1f} %",
+            worst <= 1.0,
+        )
+    )
+    most = max(entry["max_in_flight"] - entry["concurrency"] for entry in runs)
+    result.targets.append(
+        Target(
+            "Redis at scale: in flight never above the policy", "0 over", f"{most} over", most <= 0
+        )
+    )
+    result.targets.append(
+        Target(
+            "Redis at scale: a killed worker's leases back within lease_time",
+            "<= lease_time",
+            ", ".join(f"{entry['back_after_s']:.2f} s" for entry in measured["killed"].values()),
+            all(entry["within_lease_time"] for entry in measured["killed"].values()),
+        )
+    )
+    result.notes += [
+        f"The machine has {measured['cores']} cores, shared by the worker processes, the "
+        "Redis servers and whatever else runs (load average "
+        f"{measured['load_average_before']:.1f} before, {measured['load_average_after']:.1f} "
+        "after): with more processes than cores, grants per second and the achieved rate "
+        "measure how often a starved worker gets the CPU back, and the CPU time per grant "
+        "(Redis's, summed over its nodes, and the workers') is the figure to compare.",
+        "Every send time is Redis's (the grant's reserved send); a request is sent at it, "
+        "never before. The smallest gap between sends of the paced scope is measured on "
+        "those send times (1.0 = exactly the delay).",
+        "On the cluster, the paced scope lives on one node; the 1,000 scopes spread over the "
+        "three nodes (Redis CPU per node shows the split).",
+    ]
+    result.data = measured
+    return result
