@@ -173,6 +173,24 @@ async def test_a_cluster_client_shares_one_budget_across_backends(
 
 
 @pytest.mark.anyio
+async def test_a_client_of_one_node_gets_a_clear_error(
+    redis_cluster: RedisClusterServers, prefix: str
+) -> None:
+    """A plain client of a cluster node, given by the caller: it cannot be turned into
+    a cluster client, so a scope on another node raises an error that says what to do."""
+    scope = spread(redis_cluster, prefix, 1)[1]  # (on the second node)
+    client = redis_cluster.nodes[0].admin()
+    backend = RedisBackend(client, prefix=prefix)
+    limiter = throttlekit.Limiter(default=fast(concurrency=1), backend=backend, concurrency=None)
+    try:
+        with pytest.raises(RuntimeError, match="RedisCluster client"):
+            await held(limiter, scope)
+    finally:
+        await backend.aclose()
+        await client.aclose()
+
+
+@pytest.mark.anyio
 async def test_a_request_across_nodes_takes_all_or_nothing(
     redis_cluster: RedisClusterServers, prefix: str
 ) -> None:

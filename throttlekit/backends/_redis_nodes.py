@@ -191,9 +191,13 @@ class Nodes:
         if link is not None:
             try:
                 return await link.call(script, command, later=later)
-            except (redis_errors.AskError, redis_errors.TryAgainError):  # (MOVED too)
+            except (redis_errors.AskError, redis_errors.TryAgainError) as exc:  # (MOVED too)
                 if self._to_cluster is None:
-                    raise
+                    raise RuntimeError(
+                        f"Redis at {self.location} is a Redis Cluster node: give RedisBackend "
+                        "a redis.asyncio.cluster.RedisCluster client, or use "
+                        "RedisBackend.from_url"
+                    ) from exc
                 self._become_cluster()
         return await self._cluster_call(script, command, key, later)
 
@@ -204,7 +208,10 @@ class Nodes:
             cluster = self.cluster
             if cluster is None or cluster.stale:
                 return False
-            link = self._links.get(cluster.owner(key))
+            try:
+                link = self._links.get(cluster.owner(key))
+            except redis_errors.ConnectionError:  # (no owner known: the call will say)
+                return False
             if link is None:
                 return False
         return link.post(script, command, later)
