@@ -26,7 +26,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster
 from test_backend_redis import enter_elsewhere
-from test_backend_redis_shared import POLICIES, STATUSES, STEPS, compare
+from test_backend_redis_shared import (
+    POLICIES,
+    STATUSES,
+    STEPS,
+    compare,
+    four_processes_share_one_scope,
+)
 
 import throttlekit
 from throttlekit import BackendUnavailable
@@ -441,6 +447,23 @@ async def test_a_stopped_node_costs_at_most_the_timeout_and_fails_open(
     finally:
         for backend in (closed, opened):
             await backend.aclose()
+
+
+# -- processes sharing one scope through the cluster --------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_four_processes_share_one_scope_on_a_cluster(
+    redis_cluster: RedisClusterServers, prefix: str
+) -> None:
+    """The standalone backend's four-process test, the workers given a cluster node's URL:
+    concurrency and delay exact, a 429 in one worker slows all of them."""
+    admin = RedisCluster.from_url(redis_cluster.url)
+    try:
+        await four_processes_share_one_scope(redis_cluster, admin, prefix)
+    finally:
+        await admin.aclose()
 
 
 # -- the same decisions in memory and on the cluster ------------------------------------------

@@ -315,6 +315,14 @@ class ArrivalLog:
 async def test_four_processes_share_one_scope(
     redis_server: RedisServer, admin: aioredis.Redis, prefix: str
 ) -> None:
+    await four_processes_share_one_scope(redis_server, admin, prefix)
+
+
+async def four_processes_share_one_scope(server: Any, admin: Any, prefix: str) -> None:
+    """Four worker processes share one scope through ``server`` (anything with a ``url``).
+
+    ``admin`` reads the scope's keys (a cluster client for a cluster).
+    """
     delay, concurrency, fail_at = 0.05, 3, 40
     log = ArrivalLog(latency=0.02, fail_at=fail_at)
     app = web.Application()
@@ -328,7 +336,7 @@ async def test_four_processes_share_one_scope(
     try:
         for number in range(4):
             command = worker_command(
-                "crawl", redis_server, prefix, "--url", url, "--name", f"w{number}",
+                "crawl", server, prefix, "--url", url, "--name", f"w{number}",
                 "--concurrency", str(concurrency), "--delay", str(delay), "--tasks", "3",
             )  # fmt: skip
             processes.append(await anyio.open_process(command))

@@ -198,7 +198,8 @@ class Nodes:
                         "a redis.asyncio.cluster.RedisCluster client, or use "
                         "RedisBackend.from_url"
                     ) from exc
-                self._become_cluster()
+                if self.link is link:  # (not already switched by another task's call)
+                    self._become_cluster()
         return await self._cluster_call(script, command, key, later)
 
     def post(self, script: Script, command: bytes, key: bytes, later: Settle) -> bool:
