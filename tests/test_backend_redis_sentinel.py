@@ -39,8 +39,11 @@ class SentinelServers:
     """A primary, its replica and one Sentinel watching them (quorum 1)."""
 
     def __init__(self, directory: Path) -> None:
-        self.primary = RedisServer()
-        self.replica = RedisServer("--replicaof", "127.0.0.1", str(self.primary.port))
+        # (A full resync writes an RDB file: into the test's directory, not the cwd.)
+        self.primary = RedisServer("--dir", str(directory), "--repl-diskless-sync", "yes")
+        self.replica = RedisServer(
+            "--dir", str(directory), "--replicaof", "127.0.0.1", str(self.primary.port)
+        )
         self.port = free_port()
         self.config = directory / "sentinel.conf"
         self.process: subprocess.Popen[bytes] | None = None
