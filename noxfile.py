@@ -1,4 +1,4 @@
-"""Developer tasks: ``nox -s tests``, ``lint``, ``typing``, ``docs``, ``benchmarks``.
+"""Developer tasks: ``nox -s tests``, ``lint``, ``typing``, ``docs``, ``benchmarks``, ``redis_py``.
 
 Every session runs on the Python that runs nox (``python3 -m nox`` uses
 ``python3``), so no session is ever skipped for want of another interpreter;
@@ -53,6 +53,29 @@ def scrapy(session: nox.Session, scrapy: str) -> None:
     session.install("-e", ".[all,test]")  # (conftest and the test helpers use them all)
     session.install("--upgrade", "scrapy" if scrapy == "newest" else f"scrapy=={scrapy}")
     session.run("pytest", "tests/test_adapter_scrapy.py", "tests/test_scrapy_autothrottle.py")
+
+
+#: The oldest redis-py that pyproject.toml accepts, and the newest.
+REDIS_PY_VERSIONS = ["5.0.1", "newest"]
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("redis_py", REDIS_PY_VERSIONS)
+def redis_py(session: nox.Session, redis_py: str) -> None:
+    """The Redis backend's tests (real servers) on the oldest and the newest supported redis-py.
+
+    ``nox -s tests`` runs them on the newest only; CI also runs the oldest:
+    ``nox -s "redis_py(redis_py='5.0.1')"``.
+    """
+    session.install("-e", ".[redis,test]", "aiohttp>=3.12")
+    session.install("--upgrade", "redis" if redis_py == "newest" else f"redis=={redis_py}")
+    session.run(
+        "pytest",
+        "tests/test_backend_redis.py",
+        "tests/test_backend_redis_faults.py",
+        "tests/test_backend_redis_cluster.py",
+        "tests/test_backend_redis_sentinel.py",
+    )
 
 
 @nox.session(python=PYTHON)

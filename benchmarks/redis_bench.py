@@ -607,9 +607,15 @@ def run_suite(config: Any) -> Any:
 
 def _suites() -> tuple[Any, ...]:
     from ._harness import Suite
+    from .redis_scale import run_suite as run_scale_suite
 
     return (
         Suite("redis", "the Redis backend: per-op cost and 4 processes sharing a scope", run_suite),
+        Suite(
+            "redis-scale",
+            "the Redis backend at scale: 8-32 processes, one node and a 3-node cluster",
+            run_scale_suite,
+        ),
     )
 
 

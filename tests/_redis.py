@@ -37,6 +37,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (10,000 higher) is free too."""
+    for _ in range(200):
+        port = random.randrange(20000, 55000)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 class RedisServer:
     """A redis-server process on a free port of 127.0.0.1, restartable on that port."""
 
@@ -113,6 +127,82 @@ class RedisServer:
 
     def admin(self) -> aioredis.Redis:
         return aioredis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+
+
+class RedisClusterServers:
+    """Three redis-server processes joined into a Redis Cluster, one primary each, no replicas.
+
+    Each node runs on a free port of 127.0.0.1 with ``--cluster-enabled yes``
+    and its config file under ``directory``; the slots are split in three
+    ranges (``CLUSTER ADDSLOTSRANGE``) and the nodes meet (``CLUSTER MEET``).
+    """
+
+    RANGES = ((0, 5460), (5461, 10922), (10923, 16383))
+
+    def __init__(self, directory: Path) -> None:
+        self.nodes = [
+            RedisServer(
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(directory / f"nodes-{index}.conf"),
+                "--cluster-node-timeout",
+                "2000",
+            )
+            for index in range(len(self.RANGES))
+        ]
+        for node in self.nodes:
+            node.port = free_cluster_port()
+
+    @property
+    def url(self) -> str:
+        """The first node's URL (a cluster client finds the others from it)."""
+        return self.nodes[0].url
+
+    def start(self) -> None:
+        import redis
+
+        for node in self.nodes:
+            node.start()
+        clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in self.nodes]
+        try:
+            for client, (low, high) in zip(clients, self.RANGES, strict=True):
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+            for node in self.nodes[1:]:
+                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+            deadline = time.monotonic() + 20.0
+            while not all(self._ready(client) for client in clients):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the cluster did not form within 20 s")
+                time.sleep(0.05)
+        finally:
+            for client in clients:
+                client.close()
+
+    def _ready(self, client: Any) -> bool:
+        info = client.execute_command("CLUSTER", "INFO").decode()
+        return "cluster_state:ok" in info and len(client.execute_command("CLUSTER", "SLOTS")) == 3
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def owner(self, key: str) -> int:
+        """The index of the node that owns ``key``'s slot."""
+        from redis.crc import key_slot
+
+        slot = key_slot(key.encode())
+        return next(i for i, (low, high) in enumerate(self.RANGES) if low <= slot <= high)
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="module")

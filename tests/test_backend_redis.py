@@ -8,7 +8,6 @@ failing: ``test_backend_redis_faults.py``.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import math
@@ -35,7 +34,7 @@ from redis.crc import key_slot
 import throttlekit
 from throttlekit import AutoThrottle, BackendUnavailable, ScopePolicy
 from throttlekit.backends import _redis_calls
-from throttlekit.backends._redis_link import read_reply
+from throttlekit.backends._redis_link import Wire, pack
 from throttlekit.backends.redis import RedisBackend
 
 pytestmark = pytest.mark.redis
@@ -96,25 +95,36 @@ async def test_scripts_reload_after_script_flush(
 
 
 @pytest.mark.anyio
-async def test_script_replies_are_read_from_the_connection_stream() -> None:
-    connection = aioredis.Connection()
-    stream = asyncio.StreamReader()
-    stream.feed_data(
-        b"$5\r\n1,2,3\r\n"  # a grant: one string
-        b"*3\r\n:0\r\n$-1\r\n*2\r\n$1\r\na\r\n_\r\n"  # integers, nils, nested arrays
-        b">2\r\n$10\r\ninvalidate\r\n*0\r\n+OK\r\n"  # a RESP3 push before the reply
-        b"-NOSCRIPT No matching script\r\n"
-        b"$10\r\nabc"  # cut off by the end of the stream
-    )
-    stream.feed_eof()
-    connection._reader = stream
-    assert await read_reply(connection) == b"1,2,3"
-    assert await read_reply(connection) == [0, None, [b"a", None]]
-    assert await read_reply(connection) == b"OK"
-    with pytest.raises(redis.exceptions.NoScriptError):
-        await read_reply(connection)
-    with pytest.raises(redis.exceptions.ConnectionError):
-        await read_reply(connection)
+async def test_wire_reads_replies_with_redis_py_on_the_supported_versions(
+    redis_server: RedisServer,
+) -> None:
+    """:class:`Wire`, the one place that reaches into a connection, on this redis-py.
+
+    Replies come from redis-py's own parser (hiredis when installed): the
+    scripts' reply types, nested arrays with nils, and error replies as
+    their classes; a closed connection raises ``ConnectionError``.
+    """
+    major, minor = (int(part) for part in redis.__version__.split(".")[:2])
+    assert (5, 0) <= (major, minor) < (9, 0), f"redis-py {redis.__version__} is not supported"
+    client = redis_server.admin()
+    connection = await Wire.connection(client.connection_pool)
+    try:
+        assert Wire.writer(connection) is not None  # (connected by the pool)
+        script = b"return {0, false, {'a', false}, 'x'}"
+        command = pack(b"", 0, (b"EVAL", script, b"0"))
+        await Wire.write(connection, command + pack(b"", 0, (b"EVALSHA", b"0" * 40, b"0")))
+        assert await Wire.read(connection) == [0, None, [b"a", None], b"x"]
+        with pytest.raises(redis.exceptions.NoScriptError):
+            await Wire.read(connection)
+        await Wire.write(connection, pack(b"", 0, (b"PING",)))
+        assert await Wire.read(connection) == b"PONG"
+        await connection.disconnect()
+        assert Wire.writer(connection) is None
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await Wire.read(connection)
+    finally:
+        await client.connection_pool.release(connection)
+        await client.aclose()
 
 
 @pytest.mark.anyio
@@ -702,7 +712,7 @@ async def test_a_release_without_feedback_goes_out_with_the_next_call(
     async with limiter.acquire(scopes="warmup"):
         pass  # the scripts loaded: only then is a release sent without waiting
     await anyio.lowlevel.checkpoint()  # (that release written)
-    (connection,) = backend._link._idle
+    (connection,) = backend._link.link._idle
     writer = connection._writer
     writes: list[int] = []
     write, writelines = writer.write, writer.writelines

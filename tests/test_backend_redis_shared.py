@@ -159,10 +159,9 @@ OPERATIONS = st.lists(
 )
 
 
-async def _redis_limits(admin: aioredis.Redis, prefix: str, scope: str, policy: ScopePolicy) -> Any:
-    values = await admin.hmget(
-        backend_keys(prefix, scope)[1], ["ver", "delay", "conc", "blk", "jl", "jh"]
-    )
+async def _redis_limits(admin: Any, key: str, policy: ScopePolicy) -> Any:
+    """The limits stored at ``key`` (a scope's state), or those of ``policy`` if none are."""
+    values = await admin.hmget(key, ["ver", "delay", "conc", "blk", "jl", "jh"])
     if values[0] is None:  # nothing stored: the limits of the policy's fresh controllers
         values = PolicyArgs.of(policy).packed.split(",")[1:6]
     else:
@@ -174,19 +173,40 @@ async def _redis_limits(admin: aioredis.Redis, prefix: str, scope: str, policy: 
 _RUNS = itertools.count()
 
 
-async def _compare(url: str, policy: ScopePolicy, operations: list[Any]) -> None:
-    prefix = f"same-{next(_RUNS)}-{time.time_ns()}"  # (hypothesis seeds `random`)
+async def compare(
+    url: str,
+    policy: ScopePolicy,
+    operations: list[Any],
+    *,
+    names: tuple[str, ...] = ("a", "b"),
+    admin_client: Any = aioredis.Redis,
+    prefix: str | None = None,
+    **options: Any,
+) -> None:
+    """Run ``operations`` in memory and through Redis; the same grants and limits after each.
+
+    ``names`` are the scopes whose limits are compared; ``options`` go to
+    :meth:`RedisBackend.from_url`, and ``admin_client.from_url`` reads the keys.
+    """
+    if prefix is None:
+        prefix = f"same-{next(_RUNS)}-{time.time_ns()}"  # (hypothesis seeds `random`)
     now = 1_000_000.0
     core = Scheduler(default=policy, concurrency=None, rng=FixedRandom())
     backend = RedisBackend.from_url(
-        url, prefix=prefix, reserve_ahead=0.0, lease_time=1e7, state_ttl=1e7, failure="fail_closed"
+        url,
+        prefix=prefix,
+        reserve_ahead=0.0,
+        lease_time=1e7,
+        state_ttl=1e7,
+        failure="fail_closed",
+        **options,
     )
     limiter = throttlekit.Limiter(default=policy, backend=backend, concurrency=None)
     async with limiter.acquire(scopes="warm-up"):
         pass  # connected, scripts loaded
     backend._calls.clock = lambda: now
     backend._calls.rng = FixedRandom()
-    admin = aioredis.Redis.from_url(url)
+    admin = admin_client.from_url(url)
     held: list[tuple[Ticket, Any]] = []
     try:
         for step, operation in enumerate(operations):
@@ -215,11 +235,11 @@ async def _compare(url: str, policy: ScopePolicy, operations: list[Any]) -> None
                     backend.record(lease, feedback, None)
                 core.release(ticket, now)
                 await backend.release(lease)
-            for scope in ("a", "b"):
+            for scope in names:
                 ledger = core.scopes.get(scope)
                 if ledger is None:
                     continue
-                got = await _redis_limits(admin, prefix, scope, policy)
+                got = await _redis_limits(admin, backend.scope_keys(scope)[1], policy)
                 want = (ledger.delay, ledger.concurrency, ledger.blocked_until, ledger.jitter)
                 context = (step, operation, scope, got, want)
                 assert got[0] == pytest.approx(want[0], rel=1e-12), context
@@ -245,7 +265,7 @@ def test_controllers_decide_alike_in_memory_and_in_redis(
     )
     @given(operations=OPERATIONS)
     def check(operations: list[Any]) -> None:
-        asyncio.run(_compare(redis_server.url, policy, operations))
+        asyncio.run(compare(redis_server.url, policy, operations))
 
     check()
 
@@ -295,6 +315,14 @@ class ArrivalLog:
 async def test_four_processes_share_one_scope(
     redis_server: RedisServer, admin: aioredis.Redis, prefix: str
 ) -> None:
+    await four_processes_share_one_scope(redis_server, admin, prefix)
+
+
+async def four_processes_share_one_scope(server: Any, admin: Any, prefix: str) -> None:
+    """Four worker processes share one scope through ``server`` (anything with a ``url``).
+
+    ``admin`` reads the scope's keys (a cluster client for a cluster).
+    """
     delay, concurrency, fail_at = 0.05, 3, 40
     log = ArrivalLog(latency=0.02, fail_at=fail_at)
     app = web.Application()
@@ -308,7 +336,7 @@ async def test_four_processes_share_one_scope(
     try:
         for number in range(4):
             command = worker_command(
-                "crawl", redis_server, prefix, "--url", url, "--name", f"w{number}",
+                "crawl", server, prefix, "--url", url, "--name", f"w{number}",
                 "--concurrency", str(concurrency), "--delay", str(delay), "--tasks", "3",
             )  # fmt: skip
             processes.append(await anyio.open_process(command))

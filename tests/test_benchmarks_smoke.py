@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SUITES = {"uncontended", "scopes", "contended", "cap", "quality", "real-limiters", "redis"}
+SUITES = {"uncontended", "scopes", "contended", "cap", "quality", "real-limiters", "redis", "redis-scale"}
 
 pytestmark = pytest.mark.slow
 

@@ -27,19 +27,12 @@ import attrs
 
 from .._clock import now as _now
 from . import _redis_scripts as scripts
+from ._redis_across import AcrossSlots
 from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
-from ._redis_link import (
-    UNAVAILABLE,
-    Deadlines,
-    Link,
-    Script,
-    Settle,
-    bulk,
-    bulk_of,
-    describe_failure,
-)
-from ._redis_state import STATE_FIELDS, PolicyArgs, feedback_write, parse_states, send_write
+from ._redis_link import UNAVAILABLE, Deadlines, Script, Settle, bulk, bulk_of, describe_failure
+from ._redis_nodes import Nodes
+from ._redis_state import PolicyArgs, feedback_write, parse_states, send_write
 
 if TYPE_CHECKING:
     from .._controller import Feedback
@@ -111,13 +104,19 @@ def ms(seconds: float) -> bytes:
 
 
 class ScriptCalls:
-    """The scripts of one backend, called on its :class:`~._redis_link.Link`."""
+    """The scripts of one backend, called on its :class:`~._redis_nodes.Nodes`.
+
+    ``colocate`` maps a scope to the group whose hash tag its keys carry
+    (None: the scope's own), so that a Redis Cluster keeps a group's scopes
+    in one slot.
+    """
 
     def __init__(
         self,
-        link: Link,
+        link: Nodes,
         *,
         prefix: str,
+        colocate: Callable[[str], str] | None = None,
         lease_time: float,
         reserve_ahead: float,
         state_ttl: float,
@@ -128,6 +127,7 @@ class ScriptCalls:
         self.link = link
         self.deadlines = Deadlines()
         self.prefix = prefix
+        self.colocate = colocate
         self.lease_time = lease_time
         self.release_timeout = release_timeout
         self.command_timeout = command_timeout
@@ -153,6 +153,8 @@ class ScriptCalls:
         self._offset_at = 0.0
         #: Virtual time for the scripts (Redis-clock seconds), for tests; None = Redis's TIME.
         self.clock: Callable[[], float] | None = None
+        self.round_trip = 0.0  # of the last acquire call, seconds
+        self.across = AcrossSlots(self)
 
     def __repr__(self) -> str:
         return f"<ScriptCalls {self.prefix!r} orphans={len(self.orphans)}>"
@@ -190,7 +192,13 @@ class ScriptCalls:
         if cached is None:
             if len(self._keys) > 4096:
                 self._keys.clear()
-            tag = ("{" + self.prefix + ":" + scope + "}:").encode()
+            if self.colocate is None:
+                tag = ("{" + self.prefix + ":" + scope + "}:").encode()
+            else:
+                group = self.colocate(scope)
+                if not isinstance(group, str):
+                    raise TypeError(f"colocate({scope!r}) must return a str, got {group!r}")
+                tag = ("{" + self.prefix + ":" + group + "}:" + scope + ":").encode()
             keys = [tag + suffix.encode() for suffix in SUFFIXES]
             encoded = b"".join(map(bulk, keys))
             cached = self._keys[scope] = (keys, encoded, bulk(scope.encode()))
@@ -206,10 +214,16 @@ class ScriptCalls:
 
         :raises TimeoutError: when it took longer (an ``OSError``: "unavailable").
         """
-        return await self._send(script, script.command(keys, args), deadline)
+        key = keys[0] if keys else b""  # (a call without keys: any node)
+        return await self._send(script, script.command(keys, args), key, deadline)
 
     async def _send(
-        self, script: Script, command: bytes, deadline: float, later: Settle | None = None
+        self,
+        script: Script,
+        command: bytes,
+        key: bytes,
+        deadline: float,
+        later: Settle | None = None,
     ) -> Any:
         """:meth:`call` with the command encoded already.
 
@@ -219,7 +233,8 @@ class ScriptCalls:
         bound = self.command_timeout
         if deadline != INF:
             bound = min(bound, max(deadline - _now(), GRACE))
-        reply = await self.deadlines.bounded(self.link.call(script, command, later=later), bound)
+        call = self.link.call(script, command, key, later=later)
+        reply = await self.deadlines.bounded(call, bound)
         if reply is not None:  # (a call sent without waiting proves nothing)
             self.link.answered()
         return reply
@@ -246,9 +261,37 @@ class ScriptCalls:
         if self.orphans:
             await self.hand_back_orphans(deadline)
         lease_id = b"%s%x" % (self._id_prefix, next(self._ids))
+        if self.link.cluster is not None and len(costs) > 1:
+            groups = self._slot_groups(costs)
+            if len(groups) > 1:
+                return await self.across.attempt(
+                    costs, policies, extra, gate, turn, deadline, lease_id, groups
+                )
+        result = await self.ask(lease_id, costs, policies, extra, gate, turn, deadline)
+        if type(result) is RedisLease and result.due is not None:
+            await self.run_due(result, deadline)
+        return result
+
+    async def ask(
+        self,
+        lease_id: bytes,
+        costs: dict[str, float],
+        policies: list[ScopePolicy],
+        extra: list[int] | None,
+        gate: Ticket,
+        turn: Any,
+        deadline: float,
+        at: bytes = b"",
+    ) -> RedisLease | tuple[int, float, bool, Any, Closed | None]:
+        """One ``ACQUIRE`` call of scopes that share a slot (see :meth:`attempt`).
+
+        ``at``: the exact send time of a part of a request across slots
+        (see :data:`ACQUIRE`). A grant whose controllers must run ``on_send``
+        keeps their states in ``due``: :meth:`run_due` runs them.
+        """
         keys: list[bytes] = []
         encoded_keys = [b""]
-        args = [bulk(self.now_arg()), bulk(lease_id), self._settings, bulk_of(turn)]
+        args = [bulk(self.now_arg()), bulk(lease_id), self._settings, bulk_of(turn), bulk(at)]
         packed = []
         rng = self.rng
         for index, (scope, cost) in enumerate(costs.items()):
@@ -266,13 +309,13 @@ class ScriptCalls:
         encoded_keys[0] = bulk(b"%d" % len(keys))
         encoded_keys.append(bulk(tombstone))
         lease = RedisLease(lease_id, costs, packed, keys, b"".join(encoded_keys), gate)
-        # (number of keys, keys, clock, lease id, 4 settings, turn, 5 per scope)
-        count = 1 + len(keys) + 7 + 5 * len(packed)
+        # (number of keys, keys, clock, lease id, 4 settings, turn, at, 5 per scope)
+        count = 1 + len(keys) + 8 + 5 * len(packed)
         command = ACQUIRE.frame(count, [lease.encoded_keys, *args])
         self.acquire_calls += 1
         before = _now()
         try:
-            reply = await self._send(ACQUIRE, command, deadline)
+            reply = await self._send(ACQUIRE, command, keys[0], deadline)
         except BaseException as exc:
             # The script may have run before the reply was lost: hand back the
             # lease it may hold, now (cancelled) or once Redis answers again.
@@ -282,39 +325,54 @@ class ScriptCalls:
                     await self.hand_back_orphans(INF, quiet=True)
             raise
         after = _now()
-        if type(reply) is bytes:  # a grant: one string
-            reply = reply.split(b"\n") if b"\n" in reply else reply.split(b",")
-        wait = float(reply[1]) / 1000.0
-        if int(reply[0]) != 1:
-            self._sample_clock(float(reply[4]), after)
-            turn = reply[5] if len(reply) > 5 else 0.0
-            closed = None
-            if len(reply) > 8:
-                closed = float(reply[6]) / 1000.0, int(reply[7]), float(reply[8])
-            return int(reply[2]) - 1, wait, int(reply[3]) == 1, turn, closed
+        self.round_trip = after - before
+        decoded = scripts.decode_acquire(reply)
+        wait = decoded.wait_ms / 1000.0
+        if type(decoded) is scripts.Refused:
+            self._sample_clock(decoded.now_ms, after)
+            full = decoded.reason == 1
+            return decoded.scope_index, wait, full, decoded.turn, decoded.closed
+        assert type(decoded) is scripts.Granted
         self.grants += 1
-        send_at_ms = float(reply[2])
-        self._sample_clock(send_at_ms - wait * 1000.0, after)
+        send_at_ms = decoded.send_at_ms
+        self._sample_clock(send_at_ms - decoded.wait_ms, after)
         # Send at the reserved time on Redis's clock, as well as this process
         # can tell: never before it, and never later than a full round trip.
         lease.send_at_ms = send_at_ms
         lease.send_at = min(after + wait, max(before + wait, send_at_ms / 1000.0 - self.offset))
         lease.expires = before + wait + self.lease_time
-        if len(reply) > 4:
-            due = int(reply[4]) * STATE_FIELDS
+        if decoded.kept or decoded.due:
             # The state of the controllers as of this grant: the release runs
             # them on its feedback without reading it again.
-            lease.stored = {state.index: state for state in parse_states(reply[5 + due :])}
-            if not due:
-                return lease
-            try:
-                await self._run_on_send(lease, packed, reply[5 : 5 + due], deadline)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    if not await self.release(lease, None, None, used=False, quiet=True):
-                        self.orphans.append(lease)
-                raise
+            lease.stored = {state.index: state for state in parse_states(decoded.kept)}
+            if decoded.due:
+                lease.due = decoded.due
         return lease
+
+    async def run_due(self, lease: RedisLease, deadline: float) -> None:
+        """Run the controllers' ``on_send`` that ``lease``'s grant reached (of each part).
+
+        If that fails, the lease is handed back (its send never happens).
+        """
+        try:
+            for part in lease.parts or (lease,):
+                if part.due is not None:
+                    await self._run_on_send(part, part.policies, part.due, deadline)
+                    part.due = None
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if not await self.release(lease, None, None, used=False, quiet=True):
+                    self.orphans.append(lease)
+            raise
+
+    def _slot_groups(self, costs: dict[str, float]) -> list[list[int]]:
+        """The indices of ``costs``'s scopes by cluster slot, in the order of the slots."""
+        cluster = self.link.cluster
+        assert cluster is not None
+        groups: dict[int, list[int]] = {}
+        for index, scope in enumerate(costs):
+            groups.setdefault(cluster.slot(self._scope(scope)[0][0]), []).append(index)
+        return [groups[slot] for slot in sorted(groups)]
 
     def _sample_clock(self, redis_now_ms: float, after: float) -> None:
         """Keep a lower bound of (Redis clock - limiter clock), tightest over recent calls.
@@ -352,12 +410,16 @@ class ScriptCalls:
             except UNAVAILABLE as exc:
                 logger.debug("could not store the controllers' state after a send: %r", exc)
                 return  # the next send finds them still due
-            pending = parse_states(reply[1:])
+            pending = parse_states(scripts.decode_sync(reply))
             if not pending:
                 return
 
     async def renew(self, lease: RedisLease, seconds: float) -> bool:
         """Extend ``lease`` to ``seconds`` from now; whether every scope still held it."""
+        if lease.parts is not None:
+            renewed = [await self.renew(part, seconds) for part in lease.parts]
+            lease.expires = min(part.expires for part in lease.parts)
+            return all(renewed)
         keys = lease.keys[0 : -1 : len(SUFFIXES)]
         started = _now()
         count = await self.call(RENEW, keys, [self.now_arg(), lease.id, ms(seconds)], INF)
@@ -419,7 +481,7 @@ class ScriptCalls:
         run it, the lease is handed back by the next acquire, or lapses after
         ``lease_time``.
         """
-        if _now() >= lease.expires - _SURE - 0.1 * self.lease_time:
+        if lease.parts is not None or _now() >= lease.expires - _SURE - 0.1 * self.lease_time:
             return False
         script, command = PLAIN_RELEASE, self._plain_release(lease)
         if command is None:
@@ -429,7 +491,7 @@ class ScriptCalls:
                 parts += (self._release_scope(scope, policy_args, _NOT_WANTED, consumed), _NO_WRITE)
             # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
             command = RELEASE.frame(1 + len(lease.keys) + 6 + 8 * len(lease.scopes), parts)
-        if not self.link.post(script, command, partial(self._settled, lease)):
+        if not self.link.post(script, command, lease.keys[0], partial(self._settled, lease)):
             return False
         self.release_calls += 1
         return True
@@ -471,6 +533,14 @@ class ScriptCalls:
         """
         now = _now()
         deadline = min(deadline, now + self.release_timeout)
+        if lease.parts is not None:  # (a grant across slots: each part on its node)
+            released = True
+            for part in lease.parts:
+                if not await self.release(
+                    part, feedback, consumed, used=used, quiet=quiet, deadline=deadline
+                ):
+                    released = False
+            return released
         names = list(lease.scopes)
         packed = lease.policies
         if feedback is not None:
@@ -511,15 +581,17 @@ class ScriptCalls:
                         args += (values, writes.get(index, _NO_WRITE))
                     script, command = RELEASE, RELEASE.frame(count, args)
                 self.release_calls += 1
-                reply = await self._send(script, command, deadline, later)
+                reply = await self._send(script, command, lease.keys[0], deadline, later)
                 if reply is None:
                     return True  # sent; its reply is read by the next call
-                if type(reply) is bytes:  # released: "1,now,found"
+                decoded = scripts.decode_release(reply)
+                if type(decoded) is scripts.Released:
                     break
+                assert type(decoded) is scripts.Stale
                 if feedback_at is None:
-                    feedback_at = float(reply[1]) / 1000.0  # the first reading
+                    feedback_at = decoded.now_ms / 1000.0  # the first reading
                 assert feedback is not None
-                for stored in parse_states(reply[2:]):
+                for stored in parse_states(decoded.states):
                     write = feedback_write(
                         names[stored.index], packed[stored.index], stored, feedback, feedback_at
                     )
@@ -536,7 +608,7 @@ class ScriptCalls:
                 self._not_released(exc)
             return False
         if used and not quiet:  # (a lease handed back again may well be gone: no news)
-            self._check_found(names, reply)
+            self._check_found(names, decoded)
         return True
 
     def _redis_now(self, lease: RedisLease) -> float:
@@ -547,8 +619,8 @@ class ScriptCalls:
 
     def _settled(self, lease: RedisLease, reply: Any) -> None:
         """The reply of a release sent without waiting, read by a later call."""
-        if type(reply) is bytes:  # released: "1,now,found"
-            self._check_found(list(lease.scopes), reply)
+        if type(reply) is bytes:  # released
+            self._check_found(list(lease.scopes), scripts.decode_released(reply))
             return
         # Whether Redis ran it is unknown (or it did not: an error reply):
         # hand the lease back with the next acquire.
@@ -567,9 +639,9 @@ class ScriptCalls:
             self.lease_time,
         )
 
-    def _check_found(self, names: list[str], reply: bytes) -> None:
+    def _check_found(self, names: list[str], released: Any) -> None:
         """Warn if a released lease had lapsed in some of its scopes."""
-        if int(reply.rsplit(b",", 1)[1]) < len(names):
+        if released.found < len(names):
             logger.warning(
                 "a lease on %s had expired before its release (held longer than "
                 "lease_time=%g s, or Redis lost it): raise lease_time or use keep_alive()",

@@ -10,8 +10,8 @@ still holds in Redis count against the local grants.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -34,6 +34,7 @@ class RedisLease:
 
     __slots__ = (
         "consumed",
+        "due",
         "encoded_keys",
         "epoch",
         "expires",
@@ -42,6 +43,7 @@ class RedisLease:
         "granted_at",
         "id",
         "keys",
+        "parts",
         "policies",
         "released",
         "scopes",
@@ -75,6 +77,22 @@ class RedisLease:
         self.consumed: Mapping[str, float] | None = None
         #: The controllers' state per scope index, as of the grant (for the feedback).
         self.stored: dict[int, StoredState] | None = None
+        #: The states whose ``on_send`` the grant reached (the reply's), until run.
+        self.due: Sequence[Any] | None = None
+        #: A grant across cluster slots: one lease per slot (same id, one send time).
+        self.parts: list[RedisLease] | None = None
+
+    @classmethod
+    def across(
+        cls, lease_id: bytes, scopes: dict[str, float], parts: list[RedisLease], gate: Ticket
+    ) -> RedisLease:
+        """The lease of a request across slots, made of its ``parts``' leases."""
+        lease = cls(lease_id, scopes, [], [], b"", gate)
+        lease.parts = parts
+        lease.send_at_ms = parts[0].send_at_ms
+        lease.send_at = max(part.send_at for part in parts)
+        lease.expires = min(part.expires for part in parts)
+        return lease
 
     def __repr__(self) -> str:
         state = "released" if self.released else "held"

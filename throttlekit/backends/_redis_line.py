@@ -249,7 +249,7 @@ class WaiterLine:
         async with self._pubsub_lock:
             if self._pubsub is not None or self._pubsub_denied:
                 return
-            pubsub = self._client.pubsub()
+            pubsub = self._client.pubsub()  # (the client, or the backend's Nodes)
             bound = min(self._subscribe_timeout, deadline - _now())
             try:
                 with anyio.fail_after(max(0.0, bound)):

@@ -1,10 +1,10 @@
-"""The Redis backend's connection: script calls, their time bounds, and Redis's health.
+"""The Redis backend's connection to one server: script calls and their time bounds.
 
 Every round trip of the backend is one ``EVALSHA`` sent here on a
 connection kept by the backend (taken from the client's pool once, reused
 without the pool's bookkeeping), with its arguments already encoded, its
-reply read by :func:`read_reply` (the scripts' few reply types, straight
-from the connection's stream), and bounded in time by the caller: a Redis
+reply read by redis-py's parser (:class:`Wire` is the one place that
+reaches into a connection), and bounded in time by the caller: a Redis
 that hangs (stopped, or a network that drops packets) costs a caller at
 most the bound it gave, never the socket timeouts of the client.
 """
@@ -12,6 +12,7 @@ most the bound it gave, never the socket timeouts of the client.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import sys
@@ -31,14 +32,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
     ) from exc
 
-from .._errors import BackendUnavailable
-
 __all__ = [
     "UNAVAILABLE",
     "Deadlines",
     "Link",
     "Script",
     "Settle",
+    "Wire",
     "bulk",
     "bulk_of",
     "client_location",
@@ -62,6 +62,7 @@ UNAVAILABLE: Final = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     redis_errors.ReadOnlyError,
+    redis_errors.ClusterError,  # (CLUSTERDOWN, MASTERDOWN: a cluster failing over)
     OSError,
     asyncio.TimeoutError,
 )
@@ -102,17 +103,33 @@ def redact_url(url: str) -> str:
 
 
 def connect(
-    url: str, command_timeout: float, options: dict[str, Any]
-) -> tuple[aioredis.Redis, str]:
-    """A client for ``url`` and where it connects (see ``RedisBackend.from_url``)."""
+    url: str, command_timeout: float, options: dict[str, Any], cluster: bool | None = None
+) -> tuple[Any, str, Callable[[], Any] | None]:
+    """A client for ``url``, where it connects, and how to make a cluster client of it.
+
+    ``cluster``: True makes a ``RedisCluster`` client, False a client of one
+    server, None one server that becomes a cluster client on its first
+    ``MOVED`` reply (the third value makes that client). See
+    ``RedisBackend.from_url``.
+    """
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, got {type(url).__name__}")
+    if cluster not in (None, True, False):
+        raise TypeError(f"cluster must be True, False or None, got {cluster!r}")
     location = redact_url(url)
     options.setdefault("socket_connect_timeout", command_timeout)
     options.setdefault("socket_timeout", None)  # each round trip is bounded by the backend
     options.setdefault("retry", Retry(NoBackoff(), 0))
+
+    def to_cluster() -> Any:
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(url, **options)
+
     try:
-        return aioredis.from_url(url, **options), location
+        if cluster:
+            return to_cluster(), location, None
+        return aioredis.from_url(url, **options), location, None if cluster is False else to_cluster
     except (ValueError, TypeError) as exc:
         raise type(exc)(f"invalid Redis URL {location}: {exc}") from None
 
@@ -123,6 +140,9 @@ def client_location(client: Any) -> str:
     kwargs = getattr(pool, "connection_kwargs", None) or {}
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
+    service = getattr(pool, "service_name", None)
+    if isinstance(service, str):  # (a Sentinel-managed primary)
+        return f"sentinel://{service}/{kwargs.get('db', 0)}"
     host = kwargs.get("host", "?")
     port = kwargs.get("port", "?")
     db = kwargs.get("db", 0)
@@ -153,63 +173,111 @@ def pack(head: bytes, count: int, parts: Sequence[Any]) -> bytes:
     return b"".join([b"*%d\r\n" % (count + len(parts)), head, *map(bulk_of, parts)])
 
 
-async def read_reply(connection: Any) -> Any:
-    """Read one reply of a script call from ``connection``'s stream.
+def _wants_command_name(get_connection: Any) -> bool:
+    parameter = inspect.signature(get_connection).parameters.get("command_name")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
-    The scripts reply bulk strings, integers and arrays of those (or an
-    error): this reads them where redis-py's general reader (its parser's
-    buffers, decoding and timeouts) would cost a good part of a round trip.
-    The connection is used for nothing else between its calls, so nothing of
-    its reply stream is left in redis-py's parser.
 
-    :raises redis.exceptions.ResponseError: for an error reply (the class
-        redis-py gives it, e.g. ``NoScriptError``).
-    :raises redis.exceptions.ConnectionError: when the connection is closed
-        or broken.
+class Wire:
+    """The few things the backend does to a redis-py connection that redis-py has no call for.
+
+    The one place that reads a connection's private attributes, pinned by
+    ``tests/test_backend_redis.py`` to the redis-py versions the ``redis``
+    extra accepts (``nox -s redis_py`` runs the Redis tests on the oldest and
+    the newest): a posted call is written on the connection's stream writer
+    without awaiting (``_writer``: at the end of an event-loop step, where
+    nothing can be awaited), which also tells whether the connection is
+    open. Replies are read by redis-py's own parser (``read_response``:
+    ``hiredis`` when installed), which raises an error reply as its
+    exception class (``NoScriptError``, ``MovedError``...).
     """
-    reader = connection._reader
-    if reader is None:
-        raise redis_errors.ConnectionError("the connection is closed")
-    try:
-        reply = await _value(reader, connection._parser)
-    except (asyncio.IncompleteReadError, OSError) as exc:
-        raise redis_errors.ConnectionError(f"the connection broke ({type(exc).__name__})") from exc
-    if isinstance(reply, Exception):
-        raise reply
-    return reply
+
+    __slots__ = ()
+
+    #: Whether the pool's ``get_connection`` wants a command name (redis-py
+    #: before 5.3; later versions warn when given one).
+    _NAMED: Final = _wants_command_name(aioredis.ConnectionPool.get_connection)
+
+    @staticmethod
+    async def connection(pool: Any) -> Any:
+        """A connection from ``pool`` (a ``redis.asyncio`` connection pool)."""
+        if Wire._NAMED:
+            return await pool.get_connection("EVALSHA")
+        return await pool.get_connection()
+
+    @staticmethod
+    async def read(connection: Any) -> Any:
+        """One reply (bytes, ints, lists, None), read by the connection's parser.
+
+        :raises redis.exceptions.ResponseError: for an error reply.
+        :raises redis.exceptions.ConnectionError: when the connection broke.
+        """
+        try:
+            return await connection.read_response(disable_decoding=True, disconnect_on_error=False)
+        except redis_errors.ResponseError as exc:
+            if type(exc) is redis_errors.ResponseError:  # (a parser without cluster errors)
+                raise _cluster_error(exc) from None
+            raise
+
+    @staticmethod
+    def writer(connection: Any) -> asyncio.StreamWriter | None:
+        """The connection's stream writer, or None while it is not connected."""
+        writer: asyncio.StreamWriter | None = connection._writer
+        return writer
+
+    @staticmethod
+    async def write(connection: Any, data: bytes) -> None:
+        """Write ``data`` on ``connection`` (connecting it first if it is not)."""
+        writer = connection._writer
+        if writer is None:
+            await connection.send_packed_command(data, check_health=False)
+        else:
+            writer.write(data)  # (small commands, each followed by a read: no drain)
 
 
-async def _value(reader: asyncio.StreamReader, parser: Any) -> Any:
-    """One RESP value: bytes, an int, a list, ``None``, or the exception of an error reply."""
-    line = await reader.readuntil(b"\r\n")
-    kind, rest = line[:1], line[1:-2]
-    if kind == b"$":
-        size = int(rest)
-        return None if size < 0 else (await reader.readexactly(size + 2))[:-2]
-    if kind == b":":
-        return int(rest)
-    if kind in (b"*", b">"):
-        size = int(rest)
-        values = [await _value(reader, parser) for _ in range(size)]
-        if kind == b">":  # (a RESP3 push message, not the reply: skipped)
-            return await _value(reader, parser)
-        return None if size < 0 else values
-    if kind == b"+":
-        return rest
-    if kind == b"-":
-        return parser.parse_error(rest.decode("utf-8", "replace"))
-    if kind == b"_":
-        return None
-    raise redis_errors.InvalidResponse(f"unexpected reply type {kind!r}")
+read_reply = Wire.read
+
+#: Cluster error replies by their first word (redis-py before 5.1 gives a plain
+#: ``ResponseError`` on a connection that is not a cluster client's).
+_CLUSTER_ERRORS: Final = {
+    "MOVED": redis_errors.MovedError,
+    "ASK": redis_errors.AskError,
+    "TRYAGAIN": redis_errors.TryAgainError,
+    "CLUSTERDOWN": redis_errors.ClusterDownError,
+    "MASTERDOWN": redis_errors.MasterDownError,
+}
 
 
-async def _write(connection: Any, data: bytes) -> None:
-    """Write ``data`` on ``connection`` (connecting it first if it is not)."""
-    writer = connection._writer
-    if writer is None:
-        await connection.send_packed_command(data, check_health=False)
-    else:
-        writer.write(data)  # (small commands, each followed by a read: no drain)
+def _cluster_error(exc: redis_errors.ResponseError) -> redis_errors.ResponseError:
+    """``exc`` as the class redis-py gives the cluster error it is, if it is one."""
+    message = str(exc)
+    word, _, rest = message.partition(" ")
+    kind = _CLUSTER_ERRORS.get(word)
+    if kind is None:
+        return exc
+    error: redis_errors.ResponseError = kind(
+        rest if kind in (redis_errors.MovedError, redis_errors.AskError) else message
+    )
+    return error
+
+
+async def _read_all(connection: Any, count: int) -> list[Any]:
+    """The next ``count`` replies on ``connection``, an error reply as its exception."""
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(await read_reply(connection))
+        except redis_errors.ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+def _last(replies: list[Any]) -> Any:
+    """The last of ``replies``, once each was read; the first error reply is raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies[-1]
 
 
 class Deadlines:
@@ -337,24 +405,21 @@ def _fail(owed: list[Settle], exc: BaseException) -> None:
         owed.pop(0)(exc)
 
 
+#: The ``ASKING`` command: the next call on the connection may use a slot
+#: that a Redis Cluster node is importing (an ``ASK`` redirection).
+ASKING: Final = b"*1\r\n$6\r\nASKING\r\n"
+
+
 class Link:
-    """Script calls on kept connections, and whether Redis answers (for the failure policy).
+    """Script calls on kept connections of one Redis server (the caller bounds their time).
 
     :param client: the ``redis.asyncio`` client whose pool gives the connections.
     :param location: how messages name the server (no credentials).
-    :param failure: ``"fail_open"`` or ``"fail_closed"``.
-    :param reconnect_interval: seconds between attempts while Redis is away (fail-open).
     """
 
-    def __init__(
-        self, client: aioredis.Redis, *, location: str, failure: str, reconnect_interval: float
-    ) -> None:
+    def __init__(self, client: aioredis.Redis, *, location: str) -> None:
         self.client = client
         self.location = location
-        self.failure = failure
-        self.reconnect_interval = reconnect_interval
-        self.down = False
-        self.retry_at = -INF
         self._idle: list[Any] = []
         #: Per kept connection, the calls sent on it whose replies are still to read.
         self._owed: dict[Any, list[Settle]] = {}
@@ -368,12 +433,18 @@ class Link:
 
     def __repr__(self) -> str:
         owed = sum(map(len, self._owed.values()))
-        state = "down" if self.down else "up"
-        return f"<Link {self.location} {state} idle={len(self._idle)} owed={owed}>"
+        return f"<Link {self.location} idle={len(self._idle)} owed={owed}>"
 
     # -- calls ---------------------------------------------------------------------
 
-    async def call(self, script: Script, command: bytes, *, later: Settle | None = None) -> Any:
+    async def call(
+        self,
+        script: Script,
+        command: bytes,
+        *,
+        later: Settle | None = None,
+        asking: bool = False,
+    ) -> Any:
         """Run ``command`` (a call of ``script``); the caller bounds the time.
 
         A kept connection that Redis closed meanwhile (a restart) is replaced
@@ -387,8 +458,12 @@ class Link:
         in order, so that next call sees what this one did. When no kept
         connection can carry it, the call waits and returns its reply as
         usual. A failed or cancelled call drops its connection, and the calls
-        whose replies it owed get the exception.
+        whose replies it owed get the exception; an error reply (such as a
+        cluster's ``MOVED``) is raised and leaves the connection in use.
+        ``asking`` sends ``ASKING`` first (and waits for the reply).
         """
+        if asking:
+            later = None
         for attempt in (0, 1):
             connection = self._kept()
             kept = connection is not None
@@ -396,10 +471,11 @@ class Link:
                 connection = await self._connection()
             owed = self._owed.pop(connection, None)
             corked = self._corked.pop(connection, None)
+            ask = ASKING if asking else b""
             try:
                 # (One write for the calls posted meanwhile and this one.)
-                data = b"".join([*corked, command]) if corked else command
-                await _write(connection, data)
+                data = b"".join([*(corked or ()), ask, command]) if corked or asking else command
+                await Wire.write(connection, data)
                 if (
                     later is not None
                     and script.sha in self._loaded
@@ -414,28 +490,39 @@ class Link:
                 if owed:
                     await self._settle(connection, owed)
                 try:
-                    reply = await read_reply(connection)
+                    if asking:
+                        reply = _last(await _read_all(connection, 2))
+                    else:
+                        reply = await read_reply(connection)
                 except redis_errors.NoScriptError:
                     self._loaded.clear()  # (SCRIPT FLUSH, or a new server)
                     load = pack(b"", 0, (b"SCRIPT", b"LOAD", script.source))
-                    await _write(connection, load + command)
-                    await read_reply(connection)
-                    reply = await read_reply(connection)
-            except redis_errors.ConnectionError as exc:
+                    await Wire.write(connection, load + ask + command)
+                    reply = _last(await _read_all(connection, 3 if asking else 2))
+            except (redis_errors.ConnectionError, redis_errors.ReadOnlyError) as exc:
+                # (READONLY: a primary that became a replica; a new connection
+                # finds the new primary through Sentinel.)
                 await self._drop(connection, owed, exc)
                 if kept and not attempt:
                     continue
+                raise
+            except redis_errors.ResponseError:
+                await self._keep(connection)  # (the reply was read whole: still in step)
                 raise
             except BaseException as exc:
                 await self._drop(connection, owed, exc)
                 raise
             self._loaded.add(script.sha)
-            if len(self._idle) < _KEEP:
-                self._idle.append(connection)
-            else:
-                await self.client.connection_pool.release(connection)
+            await self._keep(connection)
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _keep(self, connection: Any) -> None:
+        """Keep ``connection`` for the next call, or give it back to the pool."""
+        if len(self._idle) < _KEEP:
+            self._idle.append(connection)
+        else:
+            await self.client.connection_pool.release(connection)
 
     def post(self, script: Script, command: bytes, later: Settle) -> bool:
         """Send ``command`` without waiting for its reply, if a kept connection can carry it.
@@ -456,7 +543,7 @@ class Link:
             return False
         self._idle.append(connection)  # (still the one the next call takes)
         owed = self._owed.setdefault(connection, [])
-        if len(owed) >= _OWED or getattr(connection, "_writer", None) is None:
+        if len(owed) >= _OWED or Wire.writer(connection) is None:
             if not owed:
                 del self._owed[connection]
             return False
@@ -472,7 +559,7 @@ class Link:
         self._flush_scheduled = False
         corked, self._corked = self._corked, {}
         for connection, commands in corked.items():
-            writer = getattr(connection, "_writer", None)
+            writer = Wire.writer(connection)
             if writer is None or not connection.is_connected:
                 continue  # (the next call finds it closed: its calls fail there)
             try:
@@ -514,7 +601,7 @@ class Link:
         closed, self._closed = self._closed, []
         for connection in closed:
             await pool.release(connection)
-        return await pool.get_connection()
+        return await Wire.connection(pool)
 
     async def _drop(self, connection: Any, owed: list[Settle] | None, exc: BaseException) -> None:
         """A call failed or was cancelled: its connection may hold a late reply; close it.
@@ -554,33 +641,3 @@ class Link:
                 await self._drop(connection, owed, redis_errors.ConnectionError("closed"))
             else:
                 await self.client.connection_pool.release(connection)
-
-    # -- health --------------------------------------------------------------------
-
-    def may_try(self, now: float) -> bool:
-        """Whether to ask Redis now (always, unless failing open and waiting to retry)."""
-        return not self.down or self.failure != "fail_open" or now >= self.retry_at
-
-    def unavailable(self, exc: BaseException, now: float) -> None:
-        """Redis did not answer: raise :class:`BackendUnavailable` if failing closed."""
-        self.retry_at = now + self.reconnect_interval
-        reason = describe_failure(exc)
-        if self.failure == "fail_closed":
-            self.down = True
-            raise BackendUnavailable(
-                f"Redis at {self.location} is unavailable ({reason}); failing closed"
-            ) from exc
-        if not self.down:
-            self.down = True
-            logger.warning(
-                "Redis at %s is unavailable (%s); throttling with this process's in-memory "
-                "ledgers until it is back (fail_open)",
-                self.location,
-                reason,
-            )
-
-    def answered(self) -> None:
-        """Redis answered a call."""
-        if self.down:
-            self.down = False
-            logger.info("Redis at %s is back; shared throttling resumed", self.location)

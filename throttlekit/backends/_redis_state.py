@@ -30,6 +30,7 @@ from .._backoff import BackoffState
 from .._controller import ScopeSnapshot
 from .._ledger import build_controllers, combine, describe, with_feedback_controllers
 from .._stats import ScopeStatistics
+from ._redis_scripts import STATE_VALUES, ScopeReading
 
 if TYPE_CHECKING:
     from .._controller import Controller, Feedback
@@ -51,7 +52,7 @@ logger = logging.getLogger("throttlekit.backends.redis")
 INF = math.inf
 
 #: Values per scope in the scripts' controller-state replies.
-STATE_FIELDS = 7
+STATE_FIELDS = STATE_VALUES
 
 
 def _num(value: float) -> str:
@@ -266,11 +267,11 @@ def feedback_write(
 
 
 def scope_statistics(
-    scope: str, policy: ScopePolicy, reply: Sequence[Any], now: float, waiting: int
+    scope: str, policy: ScopePolicy, reading: ScopeReading, now: float, waiting: int
 ) -> ScopeStatistics:
     """A scope's statistics from a ``STATE`` reply, times on the limiter's clock ``now``."""
-    redis_now = float(reply[0]) / 1000.0
-    (stored,) = parse_states(reply[4 : 4 + STATE_FIELDS])
+    redis_now = reading.now_ms / 1000.0
+    (stored,) = parse_states(reading.controllers)
     controllers = restore(policy, stored.states)
 
     def local(seconds: float) -> float:
@@ -284,20 +285,20 @@ def scope_statistics(
                 controller.last_signal,
                 controller.last_signal_at,
             )
-    blocked = float(reply[4 + STATE_FIELDS]) / 1000.0
+    blocked = reading.blocked_ms / 1000.0
     blocked_until = local(blocked) if blocked > 0 else -INF
     if blocked_until > now:
         reason = f"blocked by the server for {blocked_until - now:.3g} s more"
     else:
         reason = describe(policy, controllers, stored.delay)
-    used = float(reply[3])
+    used = reading.quota_used
     quota = policy.quota
-    next_send = float(reply[2]) / 1000.0
+    next_send = reading.next_ms / 1000.0
     return ScopeStatistics(
         name=scope,
         delay=stored.delay,
         concurrency=stored.concurrency,
-        in_flight=int(reply[1]),
+        in_flight=reading.in_flight,
         waiting=waiting,
         quota=quota,
         quota_used=used if quota is not None else 0.0,

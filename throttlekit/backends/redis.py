@@ -10,11 +10,13 @@ AutoThrottle, rampup, Adaptive, custom controllers)::
 
 Read top-down: this module (the Backend protocol, the fail-open fallback),
 then ``_redis_line`` (this process's waiters), ``_redis_calls`` (the round
-trips), ``_redis_scripts`` (the Lua: admission and bookkeeping),
-``_redis_state`` (the controllers, run in Python on the state kept in
-Redis), ``_redis_leases`` (what is granted and held) and ``_redis_link``
-(the connection and Redis's health). Runs on asyncio (``redis.asyncio``);
-install it with ``pip install "throttlekit-http[redis]"``.
+trips), ``_redis_across`` (a request across the slots of a cluster),
+``_redis_scripts`` and ``lua/*.lua`` (the Lua: admission and bookkeeping,
+and the decoders of its replies), ``_redis_state`` (the controllers, run in
+Python on the state kept in Redis), ``_redis_leases`` (what is granted and
+held), ``_redis_nodes`` (which server a call goes to, and Redis's health)
+and ``_redis_link`` (the connections to one server). Runs on asyncio
+(``redis.asyncio``); install it with ``pip install "throttlekit-http[redis]"``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -44,7 +46,9 @@ from .._stats import ScopeStatistics
 from ._redis_calls import STATE, RedisBackendStatistics, ScriptCalls
 from ._redis_leases import Holdings, LocalLease, RedisLease
 from ._redis_line import WaiterLine
-from ._redis_link import UNAVAILABLE, Link, client_location, connect
+from ._redis_link import UNAVAILABLE, client_location, connect
+from ._redis_nodes import Nodes, is_cluster
+from ._redis_scripts import decode_state
 from ._redis_state import scope_statistics
 
 if TYPE_CHECKING:
@@ -96,12 +100,13 @@ class RedisBackend:
     it does not wait for unless it carries feedback for the controllers (see
     :doc:`/redis` for when the controllers add one, reserved grants, turns
     and wake-ups). The limiter's global ``concurrency`` cap stays per
-    process. Runs on asyncio only; needs Redis >= 5.0; Redis Cluster works
-    for single-scope requests (a scope's keys share the hash tag
-    ``{prefix:scope}``).
+    process. Runs on asyncio only; needs Redis >= 5.0, standalone, behind
+    Sentinel (give it ``Sentinel(...).master_for(...)``) or a Redis Cluster
+    (see :doc:`/redis`).
 
-    :param client: a ``redis.asyncio.Redis`` client (not closed by :meth:`aclose`
-        unless ``owns_client``). :meth:`from_url` builds one.
+    :param client: a ``redis.asyncio.Redis`` client, or a
+        ``redis.asyncio.cluster.RedisCluster`` one (not closed by
+        :meth:`aclose` unless ``owns_client``). :meth:`from_url` builds one.
     :param prefix: the namespace of the keys: processes with the same prefix share
         budgets. No ``{`` or ``}``.
     :param lease_time: seconds a grant stays held without a release or
@@ -128,6 +133,11 @@ class RedisBackend:
     :param owns_client: close ``client`` in :meth:`aclose`.
     :param location: how logs and the repr name the server (default: the
         client's host, port and database; never credentials).
+    :param colocate: on a Redis Cluster, maps a scope to a group name whose
+        hash tag its keys carry, so that a group's scopes live in one slot
+        and a request for several of them is one atomic call (default: each
+        scope its own slot; a request across slots is granted part by part,
+        see :doc:`/redis`). Every process must map scopes alike.
 
     Usage::
 
@@ -143,7 +153,7 @@ class RedisBackend:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | aioredis.RedisCluster,
         *,
         prefix: str = "throttlekit",
         lease_time: float = 60.0,
@@ -156,6 +166,8 @@ class RedisBackend:
         seed: int | None = None,
         owns_client: bool = False,
         location: str | None = None,
+        colocate: Callable[[str], str] | None = None,
+        _to_cluster: Callable[[], Any] | None = None,
     ) -> None:
         if not isinstance(prefix, str) or not prefix:
             raise TypeError(f"prefix must be a non-empty str, got {prefix!r}")
@@ -163,8 +175,15 @@ class RedisBackend:
             raise ValueError(f"prefix must not contain '{{' or '}}' (hash tags), got {prefix!r}")
         if failure not in ("fail_open", "fail_closed"):
             raise ValueError(f"failure must be 'fail_open' or 'fail_closed', got {failure!r}")
-        if not callable(getattr(client, "pubsub", None)) or not hasattr(client, "connection_pool"):
-            raise TypeError(f"client must be a redis.asyncio.Redis client, got {type(client)!r}")
+        if not is_cluster(client) and (
+            not callable(getattr(client, "pubsub", None)) or not hasattr(client, "connection_pool")
+        ):
+            raise TypeError(
+                "client must be a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster "
+                f"client, got {type(client)!r}"
+            )
+        if colocate is not None and not callable(colocate):
+            raise TypeError(f"colocate must be a callable (scope -> group), got {colocate!r}")
         self.prefix = prefix
         self.lease_time = check_number("lease_time", lease_time, minimum=0.0, strict=True)
         self.failure: FailurePolicy = failure
@@ -182,12 +201,17 @@ class RedisBackend:
         self._client = client
         self._owns_client = owns_client
         self._location = location if location is not None else client_location(client)
-        self._link = Link(
-            client, location=self._location, failure=failure, reconnect_interval=reconnect_interval
+        self._link = Nodes(
+            client,
+            location=self._location,
+            failure=failure,
+            reconnect_interval=reconnect_interval,
+            to_cluster=_to_cluster,
         )
         self._calls = ScriptCalls(
             self._link,
             prefix=prefix,
+            colocate=colocate,
             lease_time=self.lease_time,
             reserve_ahead=self.reserve_ahead,
             state_ttl=self.state_ttl,
@@ -196,7 +220,7 @@ class RedisBackend:
             seed=seed,
         )
         self._line = WaiterLine(
-            client, self._calls.channel.decode(), self._location, self.command_timeout
+            self._link, self._calls.channel.decode(), self._location, self.command_timeout
         )
         self._holdings = Holdings()
         self._closed = False
@@ -217,6 +241,8 @@ class RedisBackend:
         release_timeout: float = 1.0,
         command_timeout: float = 1.0,
         seed: int | None = None,
+        colocate: Callable[[str], str] | None = None,
+        cluster: bool | None = None,
         **client_options: Any,
     ) -> RedisBackend:
         """Connect to ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``).
@@ -231,8 +257,14 @@ class RedisBackend:
         outage is noticed within ``command_timeout``. The other
         keyword arguments are those of the constructor; the client is closed
         by :meth:`aclose`.
+
+        ``cluster``: ``True`` makes a Redis Cluster client
+        (``RedisCluster.from_url``), ``False`` a client of one server, and
+        ``None`` (the default) a client of one server that becomes a cluster
+        client of the same URL when the server answers as a cluster node
+        (``MOVED``, ``ASK`` or ``TRYAGAIN``).
         """
-        client, location = connect(url, command_timeout, client_options)
+        client, location, to_cluster = connect(url, command_timeout, client_options, cluster)
         return cls(
             client,
             prefix=prefix,
@@ -246,6 +278,8 @@ class RedisBackend:
             seed=seed,
             owns_client=True,
             location=location,
+            colocate=colocate,
+            _to_cluster=to_cluster,
         )
 
     def __repr__(self) -> str:
@@ -261,8 +295,8 @@ class RedisBackend:
         return self._location
 
     @property
-    def client(self) -> aioredis.Redis:
-        """The ``redis.asyncio`` client in use."""
+    def client(self) -> aioredis.Redis | aioredis.RedisCluster:
+        """The ``redis.asyncio`` client given (or made by :meth:`from_url`)."""
         return self._client
 
     def statistics(self) -> RedisBackendStatistics:
@@ -270,7 +304,8 @@ class RedisBackend:
         return self._calls.statistics(local_grants=self._local_grants, waiting=self._line.waiting)
 
     def scope_keys(self, scope: str) -> list[str]:
-        """The Redis keys that hold ``scope`` (all with the hash tag ``{prefix:scope}``)."""
+        """The Redis keys that hold ``scope`` (all with the hash tag ``{prefix:scope}``,
+        or ``{prefix:group}`` with ``colocate``)."""
         return [key.decode() for key in self._calls.scope_keys(scope)]
 
     # -- the Backend protocol ------------------------------------------------------
@@ -447,7 +482,7 @@ class RedisBackend:
         args = [calls.now_arg(), calls.args(policy).wire]
         reply = await calls.call(STATE, calls.scope_keys(scope), args, INF)
         waiting = self._line.waiting_on(scope)
-        return scope_statistics(scope, policy, reply, _now(), waiting)
+        return scope_statistics(scope, policy, decode_state(reply), _now(), waiting)
 
     # -- internals: acquiring ------------------------------------------------------
 

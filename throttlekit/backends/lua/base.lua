@@ -1,0 +1,26 @@
+-- Helpers every script starts with: the clock, numbers as text, releasing a lease.
+
+local INF = math.huge
+
+local function f(x) return string.format('%.3f', x) end
+local function g(x) return string.format('%.17g', x) end
+
+local function clock()
+  if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+
+-- Take `lease_id` out of the lease set `L`, and the expired leases with it:
+-- whether it was there (1/0), and whether it was still valid.
+local function drop_lease(L, lease_id, now, now_text)
+  local expiry = tonumber(redis.call('ZSCORE', L, lease_id))
+  local removed = redis.call('ZREM', L, lease_id)
+  redis.call('ZREMRANGEBYSCORE', L, '-inf', now_text)
+  return removed, expiry ~= nil and expiry > now
+end
+
+-- A release freed a slot: wake the scope's waiters, if some wait (flag `W`).
+local function wake_waiters(removed, W, channel, name)
+  if removed == 1 and redis.call('EXISTS', W) == 1 then redis.call('PUBLISH', channel, name) end
+end
