@@ -17,7 +17,16 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SUITES = {"uncontended", "scopes", "contended", "cap", "quality", "real-limiters", "redis", "redis-scale"}
+SUITES = {
+    "uncontended",
+    "scopes",
+    "contended",
+    "cap",
+    "quality",
+    "real-limiters",
+    "redis",
+    "redis-scale",
+}
 
 pytestmark = pytest.mark.slow
 
