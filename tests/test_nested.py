@@ -175,7 +175,7 @@ async def test_permits_granted_on_the_fast_path_nest_like_any_other() -> None:
     async with limiter.acquire(URL) as after:  # nothing is held: not nested
         assert after.scopes == {HOST: 1.0}
     assert limiter.statistics().in_flight == 0
-    assert limiter._holds is None
+    assert limiter._lane.holds is None
 
 
 @both_backends
@@ -222,4 +222,4 @@ async def test_many_tasks_nesting_at_random_with_cancellations_leave_nothing_hel
                 group.start_soon(task)
     assert wrong == []
     assert limiter.statistics().in_flight == 0
-    assert limiter._holds is None
+    assert limiter._lane.holds is None

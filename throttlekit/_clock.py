@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-__all__ = ["current_task", "now", "now_or_monotonic", "tasks"]
+__all__ = ["current_loop", "current_task", "now", "now_or_monotonic", "tasks"]
 
 _STOCK_TIME = BaseEventLoop.time
 
@@ -76,6 +76,19 @@ def current_task() -> object:
         import trio
 
         return trio.lowlevel.current_task()
+
+
+def current_loop() -> object:
+    """The running event loop (asyncio), or the run's token (trio), to compare by identity."""
+    loop = _get_running_loop()
+    if loop is not None:
+        return loop
+    try:
+        import trio
+
+        return trio.lowlevel.current_trio_token()
+    except (ImportError, RuntimeError):
+        raise RuntimeError("no asyncio or trio event loop is running in this thread") from None
 
 
 def now_or_monotonic() -> float:

@@ -20,34 +20,35 @@ from ._controller import Feedback
 from ._errors import WouldBlock
 
 if TYPE_CHECKING:
+    from ._lane import FastLane
     from ._limiter import Limiter
     from .scopes import ScopesLike
 
 __all__ = ["Permit"]
 
 
-def _held_permits(limiter: Limiter) -> dict[object, Permit]:
-    """The innermost permit each task holds in ``async with`` blocks of ``limiter``.
+def _held_permits(lane: FastLane) -> dict[object, Permit]:
+    """The innermost permit each task holds in ``with`` blocks of the lane's limiter.
 
-    The limiter keeps them in ``limiter._holds``: ``None`` while none is held,
-    the permit itself while one alone is (the fast path of the in-memory
-    backend tests and sets that one field on every uncontended acquire, which
-    costs less than a dict insert and pop), else this dict, made here as soon
-    as anything needs it, and dropped when it empties (see :meth:`Permit._unheld`).
+    The lane keeps them in ``lane.holds``: ``None`` while none is held,
+    the permit itself while one alone is (the fast path tests and sets that
+    one field on every uncontended acquire, which costs less than a dict
+    insert and pop), else this dict, made here as soon as anything needs it,
+    and dropped when it empties (see :meth:`Permit._unheld`).
     """
-    holds = limiter._holds
+    holds = lane.holds
     if isinstance(holds, dict):
         return holds
     held: dict[object, Permit] = {}
     if holds is not None:
         held[holds._task] = holds
-    limiter._holds = held
+    lane.holds = held
     return held
 
 
-def _holds_of(limiter: Limiter, task: object) -> list[Permit]:
-    """The permits of ``limiter`` that ``task`` holds in ``async with`` blocks, outermost first."""
-    holds = limiter._holds
+def _holds_of(lane: FastLane, task: object) -> list[Permit]:
+    """The permits of the lane's limiter that ``task`` holds in ``with`` blocks, outermost first."""
+    holds = lane.holds
     hold: Permit | None
     if isinstance(holds, dict):
         hold = holds.get(task)
@@ -111,6 +112,7 @@ class Permit:
 
     __slots__ = (
         "_encloses",
+        "_lane",
         "_lease",
         "_limiter",
         "_outer",
@@ -126,6 +128,8 @@ class Permit:
     # Made by Limiter.acquire(), which calls the class (it has no __init__)
     # and sets every field itself: a permit per request is the hot path.
     _limiter: Limiter
+    # The limiter's uncontended grant, and where held permits are kept.
+    _lane: FastLane
     _request: Any
     _scopes: ScopesLike | None
     _priority: int
@@ -182,7 +186,7 @@ class Permit:
             raise RuntimeError("a permit can be entered only once")
         limiter = self._limiter
         task = _current_task()
-        mine = _holds_of(limiter, task)
+        mine = _holds_of(self._lane, task)
         if mine:
             await self._enter_nested(mine)
         else:
@@ -216,7 +220,7 @@ class Permit:
 
     def _hold(self, task: object) -> None:
         """Held by ``task`` in ``async with``: its acquires on this limiter nest in it."""
-        held = _held_permits(self._limiter)
+        held = _held_permits(self._lane)
         self._outer = held.get(task)
         self._task = task
         held[task] = self
@@ -225,12 +229,12 @@ class Permit:
         """The ``async with`` block is left: acquires of its task no longer nest in it."""
         task = self._task
         self._task = None
-        self._unheld(task, _held_permits(self._limiter).pop(task, None))
+        self._unheld(task, _held_permits(self._lane).pop(task, None))
 
     def _unheld(self, task: object, top: Permit | None) -> None:
         """The rest of :meth:`_unhold` once ``top``, the task's innermost hold, is popped."""
-        limiter = self._limiter
-        held = _held_permits(limiter)
+        lane = self._lane
+        held = _held_permits(lane)
         if top is self:
             outer = self._outer
             while outer is not None and outer._task is None:
@@ -241,7 +245,7 @@ class Permit:
         elif top is not None:  # left before a permit entered inside it: that one stays
             held[task] = top
         if not held:  # nothing held any more: the fast path's test is one field again
-            limiter._holds = None
+            lane.holds = None
 
     def _held_scopes(self) -> set[str]:
         """The scopes this permit holds: its own and those it shares with enclosing ones."""
