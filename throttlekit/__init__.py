@@ -29,6 +29,7 @@ from ._limiter import Limiter, Permit
 from ._policy import ScopePolicy
 from ._rampup import Rampup
 from ._stats import LimiterStatistics, ScopeStatistics
+from ._sync import SyncLimiter, SyncPermit
 
 __all__ = [
     "Adaptive",
@@ -49,6 +50,8 @@ __all__ = [
     "ScopeStalled",
     "ScopeStatistics",
     "ScopeView",
+    "SyncLimiter",
+    "SyncPermit",
     "ThrottleTimeout",
     "ThrottlekitError",
     "WouldBlock",

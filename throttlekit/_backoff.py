@@ -40,8 +40,9 @@ DEFAULT_BACKOFF_HTTP_CODES: frozenset[int] = frozenset(
 )
 
 #: Exceptions that mean the server (or the path to it) is struggling: timeouts
-#: and dropped connections of the standard library, httpx, aiohttp, Twisted and
-#: Scrapy. Strings are import paths; ones that cannot be imported are skipped.
+#: and dropped connections of the standard library, httpx, aiohttp, requests
+#: (and urllib3 beneath it), Twisted and Scrapy. Strings are import paths;
+#: ones that cannot be imported are skipped.
 DEFAULT_BACKOFF_EXCEPTIONS: tuple[str, ...] = (
     "builtins.TimeoutError",
     "builtins.ConnectionError",
@@ -52,6 +53,11 @@ DEFAULT_BACKOFF_EXCEPTIONS: tuple[str, ...] = (
     "aiohttp.ServerTimeoutError",
     "aiohttp.ClientConnectionError",
     "aiohttp.ClientPayloadError",
+    "requests.exceptions.Timeout",
+    "requests.exceptions.ConnectionError",
+    "requests.exceptions.ChunkedEncodingError",
+    "urllib3.exceptions.TimeoutError",
+    "urllib3.exceptions.ProtocolError",
     "twisted.internet.defer.TimeoutError",
     "twisted.internet.error.TimeoutError",
     "twisted.internet.error.TCPTimedOutError",

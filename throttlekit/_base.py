@@ -50,6 +50,8 @@ class BaseLimiter:
 
     #: The in-memory backend class of this driver.
     _local_type: ClassVar[type[MemoryBackend]] = MemoryBackend
+    #: Whether a shared backend (``backend=``) can serve this driver.
+    _shares_backends: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -86,6 +88,11 @@ class BaseLimiter:
             raise ValueError(f"max_idle must be a number of seconds > 0, got {max_idle!r}")
         if not callable(resolver):
             raise TypeError(f"resolver must be callable, got {resolver!r}")
+        if backend is not None and not self._shares_backends:
+            raise TypeError(
+                f"{type(self).__name__} has no shared backend yet (the Redis backend is "
+                f"async-only); got backend={backend!r}"
+            )
         self.robotstxt_max_delay = check_number(
             "robotstxt_max_delay", robotstxt_max_delay, minimum=0.0
         )

@@ -20,8 +20,8 @@ from ._controller import Feedback
 from ._errors import WouldBlock
 
 if TYPE_CHECKING:
+    from ._base import BaseLimiter
     from ._lane import FastLane
-    from ._limiter import Limiter
     from .scopes import ScopesLike
 
 __all__ = ["Permit"]
@@ -127,7 +127,7 @@ class Permit:
 
     # Made by Limiter.acquire(), which calls the class (it has no __init__)
     # and sets every field itself: a permit per request is the hot path.
-    _limiter: Limiter
+    _limiter: BaseLimiter
     # The limiter's uncontended grant, and where held permits are kept.
     _lane: FastLane
     _request: Any
@@ -260,6 +260,16 @@ class Permit:
         costs = limiter._resolve(self._request, self._scopes)
         if type(costs) is not dict:
             costs = _scopes.as_scope_costs(await costs)
+        added = self._share(holds, costs)
+        if added:
+            limiter._check_stall(added)
+            # The enclosing permit holds a slot of the global cap: take none.
+            self._lease = await limiter._backend.acquire(
+                added, priority=self._priority, timeout=self._timeout, gated=False
+            )
+
+    def _share(self, holds: list[Permit], costs: Mapping[str, float]) -> dict[str, float]:
+        """Share the scopes of ``costs`` that ``holds`` hold; return the others, to acquire."""
         owner: dict[str, Permit] = {}
         for hold in holds:
             for name in hold._held_scopes():
@@ -269,13 +279,7 @@ class Permit:
             for hold in holds
             if (names := frozenset(name for name in costs if owner.get(name) is hold))
         )
-        added = {name: cost for name, cost in costs.items() if name not in owner}
-        if added:
-            limiter._check_stall(added)
-            # The enclosing permit holds a slot of the global cap: take none.
-            self._lease = await limiter._backend.acquire(
-                added, priority=self._priority, timeout=self._timeout, gated=False
-            )
+        return {name: cost for name, cost in costs.items() if name not in owner}
 
     async def __aexit__(
         self,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextvars
 import json
 import math
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -15,11 +17,14 @@ import attrs
 from .. import scopes as _scopes
 
 if TYPE_CHECKING:
+    from .._controller import Feedback
     from .._limiter import Limiter, Permit
+    from .._sync import SyncLimiter, SyncPermit
 
 __all__ = [
     "ConsumedHook",
     "HeldPermit",
+    "SyncHeldPermit",
     "body_too_large",
     "check_budgets",
     "content_length",
@@ -126,6 +131,91 @@ class HeldPermit:
         self._released = True
         self.permit.release()
         return True
+
+
+class SyncHeldPermit:
+    """A :class:`~throttlekit.SyncLimiter` permit held across calls, given back exactly once.
+
+    The synchronous adapters (requests, ``httpx.Client``) acquire when a
+    request is handed to them and release when its response is finished,
+    usually in another call; :meth:`release` is idempotent and thread-safe.
+    Everything here is independent of the HTTP library.
+    """
+
+    __slots__ = ("_lock", "_released", "permit", "sent")
+
+    def __init__(self, permit: SyncPermit) -> None:
+        self.permit = permit
+        self._released = False
+        self._lock = threading.Lock()
+        #: When the request was handed to the library that sends it (``time.monotonic()``).
+        self.sent = time.monotonic()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "held"
+        return f"<SyncHeldPermit {state} {self.permit!r}>"
+
+    @classmethod
+    def acquire(cls, limiter: SyncLimiter, request: Any) -> SyncHeldPermit:
+        """Wait for a permit for ``request``, with the :func:`throttling` settings in force."""
+        settings = options()
+        extensions = getattr(request, "extensions", None) or {}
+        priority = extensions.get("throttling_priority", settings.priority)
+        scopes = None if "throttling_scopes" in extensions else settings.scopes
+        permit = limiter.acquire(request, priority=priority, scopes=scopes)
+        # A request the adapter holds (while its response streams) is no
+        # ``with`` block that later acquires of the thread nest in.
+        permit._encloses = False
+        permit.__enter__()
+        return cls(permit)
+
+    @property
+    def released(self) -> bool:
+        """Whether the permit has been given back."""
+        return self._released
+
+    def failed(self, exc: BaseException) -> Feedback:
+        """Record ``exc``, which ended the request before a response, and its latency."""
+        return self.permit.record(
+            exception=exc,
+            latency=time.monotonic() - self.sent,
+            adjust_delay=options().adjust_delay,
+        )
+
+    def answered(
+        self,
+        response: Any,
+        *,
+        status: int,
+        headers: Any,
+        latency: float,
+        consumed: Mapping[str, float] | None = None,
+        budgets: Mapping[str, str] | None = None,
+    ) -> Feedback:
+        """Record a response: its status, headers, latency and size (``Content-Length``)."""
+        return self.permit.record(
+            response,
+            status=status,
+            headers=headers,
+            latency=latency,
+            size=content_length(headers),
+            adjust_delay=options().adjust_delay,
+            consumed=consumed,
+            budgets=budgets,
+        )
+
+    def body_failed(self, exc: BaseException) -> None:
+        """Record a failure while the body is read (after the status was recorded)."""
+        if not self._released:
+            self.permit.record(exception=exc, adjust_delay=False)
+
+    def release(self) -> None:
+        """Give the permit back (idempotent)."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self.permit.release()
 
 
 @attrs.frozen

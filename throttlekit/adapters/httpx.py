@@ -28,23 +28,26 @@ Usage::
     async with httpx.AsyncClient(transport=ThrottledTransport(limiter)) as client:
         response = await client.get("https://example.com/")
 
-Only ``httpx.AsyncClient`` is supported: the limiter runs on an event loop
-(asyncio or trio), so there is no transport for the synchronous
-``httpx.Client``.
+For the synchronous ``httpx.Client``, :class:`SyncThrottledTransport` does
+the same with a :class:`~throttlekit.SyncLimiter` (one client may be shared
+by many threads); :func:`sync_client` builds such a client.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
 import anyio
 
 from .._limiter import Limiter
+from .._sync import SyncLimiter
 from ._common import (
     ConsumedHook,
     HeldPermit,
+    SyncHeldPermit,
     body_too_large,
     check_budgets,
     content_length,
@@ -61,7 +64,14 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise missing_extra("throttlekit.adapters.httpx", "httpx", "httpx") from exc
 
-__all__ = ["ThrottledTransport", "client", "throttling", "token_usage"]
+__all__ = [
+    "SyncThrottledTransport",
+    "ThrottledTransport",
+    "client",
+    "sync_client",
+    "throttling",
+    "token_usage",
+]
 
 #: Keyword arguments of :func:`client` that configure the inner transport.
 _TRANSPORT_OPTIONS = ("verify", "cert", "trust_env", "http1", "http2", "limits", "proxy")
@@ -325,3 +335,185 @@ def client(
         consumed=consumed,
     )
     return httpx.AsyncClient(transport=transport, **kwargs)
+
+
+# -- the synchronous client ------------------------------------------------------------
+
+
+class SyncThrottledTransport(httpx.BaseTransport):
+    """An ``httpx`` transport for ``httpx.Client`` that throttles every request.
+
+    The synchronous twin of :class:`ThrottledTransport`, with a
+    :class:`~throttlekit.SyncLimiter`: the same per-request ``extensions``
+    and :func:`throttling` settings, the same recording, and the slot held
+    until the response is closed. One client (and limiter) may be shared by
+    many threads.
+
+    :param limiter: decides when each request may be sent.
+    :param transport: the transport that sends; ``None`` means a new
+        ``httpx.HTTPTransport()``. It is closed with this one.
+    :param budgets: ``{budget: scope}``, see :class:`ThrottledTransport`.
+    :param consumed: the real cost from the response, see :class:`ThrottledTransport`.
+
+    Usage::
+
+        transport = SyncThrottledTransport(limiter, httpx.HTTPTransport(retries=1))
+        with httpx.Client(transport=transport) as client:
+            client.get(url)
+    """
+
+    def __init__(
+        self,
+        limiter: SyncLimiter,
+        transport: httpx.BaseTransport | None = None,
+        *,
+        budgets: Mapping[str, str] | None = None,
+        consumed: ConsumedHook | None = None,
+    ) -> None:
+        if not isinstance(limiter, SyncLimiter):
+            raise TypeError(
+                f"limiter must be a throttlekit.SyncLimiter (httpx.Client is synchronous), "
+                f"got {limiter!r}"
+            )
+        if consumed is not None and not callable(consumed):
+            raise TypeError(f"consumed must be callable or None, got {consumed!r}")
+        if transport is None:
+            transport = httpx.HTTPTransport()
+        elif not isinstance(transport, httpx.BaseTransport):
+            raise TypeError(f"transport must be an httpx.BaseTransport, got {transport!r}")
+        self._limiter = limiter
+        self._transport = transport
+        self._budgets = check_budgets(budgets)
+        self._consumed = consumed
+
+    def __repr__(self) -> str:
+        return f"<SyncThrottledTransport {self._limiter!r} over {self._transport!r}>"
+
+    @property
+    def limiter(self) -> SyncLimiter:
+        """The limiter that throttles this transport's requests."""
+        return self._limiter
+
+    @property
+    def transport(self) -> httpx.BaseTransport:
+        """The wrapped transport that sends the requests."""
+        return self._transport
+
+    def __enter__(self) -> SyncThrottledTransport:
+        self._transport.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        self._transport.__exit__(exc_type, exc_value, traceback)
+
+    def close(self) -> None:
+        """Close the inner transport."""
+        self._transport.close()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Wait for a permit, send ``request`` through the inner transport, record how it went.
+
+        The returned response's stream gives the permit back when it is closed.
+        """
+        held = SyncHeldPermit.acquire(self._limiter, request)
+        try:
+            try:
+                response = self._transport.handle_request(request)
+            except Exception as exc:
+                held.failed(exc)
+                raise
+            latency = time.monotonic() - held.sent
+            consumed = None
+            if self._consumed is not None:
+                body = None
+                if is_json(response.headers) and not body_too_large(response.headers):
+                    try:
+                        body = json_body(response.read())
+                    except Exception as exc:
+                        held.body_failed(exc)
+                        raise
+                consumed = self._consumed(response, body)
+            held.answered(
+                response,
+                status=response.status_code,
+                headers=response.headers,
+                latency=latency,
+                consumed=consumed,
+                budgets=self._budgets,
+            )
+            stream = response.stream
+            if not isinstance(stream, httpx.SyncByteStream):
+                raise TypeError(
+                    f"the inner transport returned a response without a sync stream: {stream!r}"
+                )
+            response.stream = _SyncReleasingStream(stream, held)
+        except BaseException:
+            held.release()
+            raise
+        return response
+
+
+class _SyncReleasingStream(httpx.SyncByteStream):
+    """A response body that gives its permit back when it is closed; records a failure."""
+
+    __slots__ = ("_held", "_stream")
+
+    def __init__(self, stream: httpx.SyncByteStream, held: SyncHeldPermit) -> None:
+        self._stream = stream
+        self._held = held
+
+    def __repr__(self) -> str:
+        return f"<_SyncReleasingStream {self._held!r}>"
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._stream
+        except Exception as exc:
+            self._held.body_failed(exc)
+            raise
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._held.release()
+
+
+def sync_client(
+    limiter: SyncLimiter | None = None,
+    *,
+    budgets: Mapping[str, str] | None = None,
+    consumed: ConsumedHook | None = None,
+    **kwargs: Any,
+) -> httpx.Client:
+    """An ``httpx.Client`` whose requests go through a :class:`SyncThrottledTransport`.
+
+    The synchronous twin of :func:`client` (the same keyword arguments; the
+    inner transport is an ``httpx.HTTPTransport``); ``None`` makes a new
+    :class:`~throttlekit.SyncLimiter` with its defaults.
+
+    Usage::
+
+        with throttlekit.adapters.httpx.sync_client(limiter, timeout=10) as client:
+            response = client.get("https://example.com/")
+    """
+    if "transport" in kwargs:
+        raise TypeError(
+            "sync_client() builds its own transport; pass "
+            "SyncThrottledTransport(limiter, your_transport) to httpx.Client instead"
+        )
+    options = {name: kwargs.pop(name) for name in _TRANSPORT_OPTIONS if name in kwargs}
+    if "trust_env" in options:
+        kwargs["trust_env"] = options["trust_env"]
+    transport = SyncThrottledTransport(
+        SyncLimiter() if limiter is None else limiter,
+        httpx.HTTPTransport(**options),
+        budgets=budgets,
+        consumed=consumed,
+    )
+    return httpx.Client(transport=transport, **kwargs)

@@ -24,6 +24,7 @@ from .._clock import now_or_monotonic
 from .._controller import Feedback
 from .._errors import Overloaded, ThrottleTimeout
 from .._lane import FastLane
+from .._ledger import ScopeLedger
 from .._permit import Permit, _held_permits
 from .._policy import ScopePolicy
 from .._scheduler import CANCELLED, GRANTED, RELEASED, WAITING, Scheduler, Ticket
@@ -130,6 +131,12 @@ class MemoryPermit(Permit):
             return
         super()._enter_nowait()
         self._remember()
+
+    def _took(self, ledger: ScopeLedger, now: float) -> None:
+        """Granted by the fast lane: keep the ledger and time (the ticket is made if needed)."""
+        self._ledger = ledger
+        self._sent_at = now
+        self._lease = _FAST_GRANTED
 
     def _remember(self) -> None:
         """After a grant on the general path: the URL's ledger, for the fast path."""
