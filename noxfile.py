@@ -89,7 +89,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def typing(session: nox.Session) -> None:
     """mypy --strict on the package."""
-    session.install("-e", ".[all]", "mypy>=1.11")
+    session.install("-e", ".[all]", "mypy>=1.11", "types-requests")
     session.run("mypy", "--strict", "throttlekit")
 
 
