@@ -7,19 +7,23 @@ and each host is its own scope. Assertions are made on the server's records.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 import requests
-from _server import Hang, LocalServer, Reply, Script, Stream, describe
+from _server import Hang, LocalServer, RateLimited, Reply, Script, Stream, describe
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from throttlekit import Backoff, Limiter, ScopePolicy, SyncLimiter
+from throttlekit import Adaptive, Backoff, Limiter, ScopePolicy, SyncLimiter
+from throttlekit.adapters.httpx import ThrottledTransport
 from throttlekit.adapters.requests import ThrottledAdapter, session, throttling
 
 #: How much closer than the limiter's grant spacing two arrivals may be seen
@@ -213,4 +217,59 @@ def test_many_threads_share_one_session_without_leaks(server: LocalServer) -> No
     with ThreadPoolExecutor(32) as pool:
         list(pool.map(fetch, range(64)))
     assert len(errors) == 8
+    assert_idle(limiter)
+
+
+def test_adaptive_through_requests_takes_the_share_the_async_client_takes(
+    server: LocalServer,
+) -> None:
+    """Adaptive on a local quota of 10 requests a second, from 16 threads sharing a
+    session and from 16 tasks of an httpx.AsyncClient at the same time: over the
+    second half of 6 s, the threads get as many answers through as the tasks."""
+    run = 6.0
+    rule = ScopePolicy(concurrency=8, delay=0, adaptive=Adaptive())
+    for host in ("sync.test", "async.test"):
+        server.route(host, behaviour=RateLimited(limit=10, window=1.0))
+    start = time.monotonic()
+    end = start + run
+    limiter = SyncLimiter(default=rule, concurrency=None)
+    http = through(server, ThrottledAdapter(limiter))
+
+    def thread(worker: int) -> None:
+        for n in itertools.count():
+            if time.monotonic() >= end:
+                return
+            http.get(f"http://sync.test/{worker}/{n}", timeout=10)
+
+    async def tasks() -> None:
+        transport = ThrottledTransport(
+            Limiter(default=rule, concurrency=None),
+            httpx.AsyncHTTPTransport(proxy=server.proxy_url),
+        )
+        async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+
+            async def task(worker: int) -> None:
+                for n in itertools.count():
+                    if time.monotonic() >= end:
+                        return
+                    await client.get(f"http://async.test/{worker}/{n}")
+
+            async with anyio.create_task_group() as group:
+                for worker in range(16):
+                    group.start_soon(task, worker)
+
+    loop = threading.Thread(target=anyio.run, args=(tasks,))
+    loop.start()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(thread, range(16)))
+    loop.join(30)
+    server.wait_idle()
+
+    def late(host: str, status: int) -> int:
+        hits = server.hits(host)
+        return sum(1 for hit in hits if hit.arrived >= start + run / 2 and hit.status == status)
+
+    assert late("sync.test", 200) >= 0.9 * late("async.test", 200)
+    assert late("sync.test", 200) >= 0.9 * 10 * run / 2
+    assert late("sync.test", 429) <= 0.05 * late("sync.test", 200)
     assert_idle(limiter)
