@@ -46,6 +46,8 @@ PACKAGES = (
     "aiolimiter",
     "limits",
     "pyrate-limiter",
+    "requests",
+    "requests-ratelimiter",
     "throttled-py",
     "trio",
 )

@@ -6,7 +6,8 @@ machine adds noise. The number of instructions an operation executes depends
 only on the code and the CPython build, so it shows a change in the fast path
 exactly, and lets a run on one machine be compared with a run on another.
 
-Each count runs one case of :mod:`benchmarks.peers` in a subprocess under
+Each count runs one case of :mod:`benchmarks.peers` (or, for a factory named
+``sync_*``, of :mod:`benchmarks.sync_bench`) in a subprocess under
 valgrind's cachegrind (no cache simulation): once for ``small`` operations and
 once for ``large``, after the same warmup; the difference divided by
 ``large - small`` is the count of one operation, start-up and warmup taken out.
@@ -80,5 +81,21 @@ async def _run(factory: str, n: int) -> None:
             await case.cleanup()
 
 
+def _run_sync(factory: str, n: int) -> None:
+    """A case of :mod:`benchmarks.sync_bench` (a factory named ``sync_*``), in this thread."""
+    from . import sync_bench
+
+    case = getattr(sync_bench, factory)()
+    try:
+        case.loop(_WARMUP)
+        case.loop(n)
+    finally:
+        if case.cleanup is not None:
+            case.cleanup()
+
+
 if __name__ == "__main__":
-    asyncio.run(_run(sys.argv[1], int(sys.argv[2])))
+    if sys.argv[1].startswith("sync_"):
+        _run_sync(sys.argv[1], int(sys.argv[2]))
+    else:
+        asyncio.run(_run(sys.argv[1], int(sys.argv[2])))

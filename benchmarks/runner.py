@@ -28,6 +28,7 @@ SUITE_MODULES = (
     "benchmarks.quality",
     "benchmarks.real_limiters",
     "benchmarks.redis_bench",
+    "benchmarks.sync_bench",
 )
 #: Where a full run writes its results (the docs page is generated from it).
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "latest.json"

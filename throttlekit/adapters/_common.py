@@ -133,6 +133,10 @@ class HeldPermit:
         return True
 
 
+#: Request extensions that the limiter reads from a request-like besides its URL.
+_CARRIED = frozenset({"throttling_scopes", "autothrottle_dont_adjust_delay"})
+
+
 class SyncHeldPermit:
     """A :class:`~throttlekit.SyncLimiter` permit held across calls, given back exactly once.
 
@@ -162,7 +166,11 @@ class SyncHeldPermit:
         extensions = getattr(request, "extensions", None) or {}
         priority = extensions.get("throttling_priority", settings.priority)
         scopes = None if "throttling_scopes" in extensions else settings.scopes
-        permit = limiter.acquire(request, priority=priority, scopes=scopes)
+        like = request
+        if limiter.resolver is _scopes.by_host and not _CARRIED.intersection(extensions):
+            # The URL alone decides: as a string it takes the limiter's fast lane.
+            like = str(request.url)
+        permit = limiter.acquire(like, priority=priority, scopes=scopes)
         # A request the adapter holds (while its response streams) is no
         # ``with`` block that later acquires of the thread nest in.
         permit._encloses = False
