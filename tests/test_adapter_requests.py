@@ -7,11 +7,14 @@ and each host is its own scope. Assertions are made on the server's records.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import anyio
@@ -29,6 +32,7 @@ from throttlekit.adapters.requests import ThrottledAdapter, session, throttling
 #: How much closer than the limiter's grant spacing two arrivals may be seen
 #: by the server (the time from grant to arrival varies by a few ms).
 SLACK = 0.05
+ROOT = Path(__file__).resolve().parent.parent
 QUICK_BACKOFF = Backoff(min_delay=0.05, max_delay=2.0, jitter=0)
 
 
@@ -273,3 +277,30 @@ def test_adaptive_through_requests_takes_the_share_the_async_client_takes(
     assert late("sync.test", 200) >= 0.9 * 10 * run / 2
     assert late("sync.test", 429) <= 0.05 * late("sync.test", 200)
     assert_idle(limiter)
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` under a private name (no ``sys.path`` change)."""
+    spec = importlib.util.spec_from_file_location(
+        f"_example_{name}", ROOT / "examples" / f"{name}.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_crawl_and_search_api(server: LocalServer) -> None:
+    server.route(behaviour=Reply(latency=0.02))
+    example = load_example("requests_example")
+    urls = [f"http://{host}.test/page/{n}" for host in ("a", "b") for n in range(4)]
+    assert example.crawl(urls, proxy=server.proxy_url) == dict.fromkeys(urls, 200)
+    for host in ("a.test", "b.test"):
+        assert server.max_in_flight(host) <= 2
+        assert min(server.gaps(host)) >= 0.25 - SLACK
+    server.reset()
+    server.route(behaviour=Reply())
+    assert example.search_api(["x", "y", "z"], proxy=server.proxy_url) == [200] * 3
+    arrivals = sorted(hit.arrived for hit in server.hits())
+    assert min(b - a for a, b in itertools.pairwise(arrivals)) >= 0.05 - SLACK

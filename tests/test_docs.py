@@ -291,7 +291,7 @@ def server(web: LocalServer, monkeypatch: pytest.MonkeyPatch) -> LocalServer:
 
 
 def redirect_clients(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
-    """Send every httpx and aiohttp request to ``127.0.0.1:port``, keeping its Host header.
+    """Send every httpx, aiohttp and requests request to ``127.0.0.1:port``, keeping its Host.
 
     The clients, the adapters and the limiter see the example's URLs
     unchanged (``https://books.toscrape.com/...``); only the connection goes
@@ -317,6 +317,36 @@ def redirect_clients(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
 
     monkeypatch.setattr(httpx, "AsyncHTTPTransport", ToLocalServer)
     monkeypatch.setattr(httpx._client, "AsyncHTTPTransport", ToLocalServer)
+
+    class SyncToLocalServer(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            local = request.url.copy_with(scheme="http", host="127.0.0.1", port=port)
+            forwarded = httpx.Request(
+                request.method,
+                local,
+                headers=request.headers,
+                stream=request.stream,
+                extensions=request.extensions,
+            )
+            return super().handle_request(forwarded)
+
+    monkeypatch.setattr(httpx, "HTTPTransport", SyncToLocalServer)
+    monkeypatch.setattr(httpx._client, "HTTPTransport", SyncToLocalServer)
+
+    from urllib.parse import urlsplit, urlunsplit
+
+    from requests.adapters import HTTPAdapter
+
+    send = HTTPAdapter.send
+
+    def send_locally(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        parts = urlsplit(request.url)
+        local = request.copy()
+        local.url = urlunsplit(("http", f"127.0.0.1:{port}", parts.path, parts.query, ""))
+        local.headers["Host"] = parts.netloc  # the example's host
+        return send(self, local, *args, **kwargs)
+
+    monkeypatch.setattr(HTTPAdapter, "send", send_locally)
 
     async def to_local_server(request: Any, handler: Any) -> Any:
         request.url = request.url.with_scheme("http").with_host("127.0.0.1").with_port(port)

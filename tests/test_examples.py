@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
-@pytest.mark.parametrize("script", ["httpx_example.py", "aiohttp_example.py"])
+@pytest.mark.parametrize(
+    "script", ["httpx_example.py", "aiohttp_example.py", "requests_example.py"]
+)
 def test_client_example_runs_offline_and_shows_the_spacing(script: str) -> None:
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):

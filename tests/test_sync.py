@@ -450,3 +450,125 @@ def test_an_async_limiter_moves_to_a_new_event_loop_once_idle() -> None:
     thread.start()
     thread.join(5)
     assert limiter.statistics().in_flight == 0
+
+
+# -- listeners and metrics, for both drivers -------------------------------------------
+
+
+class Told:
+    """A listener that writes down what it is told (from many threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: list[str] = []
+
+    def _add(self, event: str) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def on_wait(self, permit: Any) -> None:
+        self._add("wait")
+
+    def on_grant(self, permit: Any, waited: float) -> None:
+        self._add("grant")
+
+    def on_fail(self, permit: Any, exc: BaseException, waited: float) -> None:
+        self._add(f"fail:{type(exc).__name__}")
+
+    def on_release(self, permit: Any) -> None:
+        self._add("release")
+
+    def on_feedback(self, permit: Any, feedback: Any) -> None:
+        self._add(f"feedback:{feedback.status}")
+
+
+def test_listeners_hear_both_drivers_alike() -> None:
+    heard: dict[str, list[str]] = {}
+    for driver in (SyncLimiter, Limiter):
+        limiter = driver(default=ScopePolicy(concurrency=1, delay=0), concurrency=None)
+        told = Told()
+        limiter.add_listener(told)
+        with pytest.raises(ValueError, match="already"):
+            limiter.add_listener(told)
+        if isinstance(limiter, SyncLimiter):
+            with limiter.acquire(scopes="a") as permit:
+                permit.record(status=200)
+            with limiter.acquire_nowait(scopes="a"):
+                pass
+            with held_elsewhere(limiter, "a"), pytest.raises(ThrottleTimeout):
+                limiter.acquire(scopes="a", timeout=0.01).__enter__()
+        else:
+
+            async def main(limiter: Limiter = limiter) -> None:
+                async with limiter.acquire(scopes="a") as permit:
+                    permit.record(status=200)
+                with limiter.acquire_nowait(scopes="a"):
+                    pass
+                holding, done = anyio.Event(), anyio.Event()
+
+                async def hold() -> None:
+                    async with limiter.acquire(scopes="a"):
+                        holding.set()
+                        await done.wait()
+
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(hold)
+                    await holding.wait()
+                    with pytest.raises(ThrottleTimeout):
+                        await limiter.acquire(scopes="a", timeout=0.01).__aenter__()
+                    done.set()
+
+            anyio.run(main)
+        limiter.remove_listener(told)
+        assert limiter.listeners == ()
+        heard[driver.__name__] = told.events
+    assert heard["SyncLimiter"] == [
+        "wait", "grant", "feedback:200", "release",  # acquire
+        "grant", "release",  # acquire_nowait
+        "wait", "grant",  # held elsewhere
+        "wait", "fail:ThrottleTimeout",  # timed out meanwhile
+        "release",
+    ]  # fmt: skip
+    assert heard["Limiter"] == heard["SyncLimiter"]
+    with pytest.raises(TypeError, match="LimiterListener"):
+        SyncLimiter().add_listener(object())  # type: ignore[arg-type]
+
+
+def test_otel_metrics_of_a_sync_limiter_from_many_threads() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from throttlekit.otel import instrument
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    quick = Backoff(min_delay=0.001, max_delay=0.005, jitter=0)
+    limiter = SyncLimiter(default=ScopePolicy(concurrency=2, delay=0, backoff=quick))
+    metrics = instrument(limiter, meter_provider=provider)
+    with pytest.raises(RuntimeError, match="already instrumented"):
+        instrument(limiter, meter_provider=provider)
+
+    def send(n: int) -> None:
+        with limiter.acquire(f"https://a.example/{n}") as permit:
+            time.sleep(0.002)
+            permit.record(status=429 if n % 8 == 0 else 200)
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(send, range(200)))
+    data = reader.get_metrics_data()
+    values: dict[str, int] = {}
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    if hasattr(point, "value"):
+                        values[metric.name] = values.get(metric.name, 0) + int(point.value)
+    assert values["throttlekit.permit.grants"] == 200
+    assert values["throttlekit.permit.active"] == 0
+    assert values["throttlekit.permit.waiting"] == 0
+    assert values["throttlekit.backoff.signals"] == 25
+    assert metrics.waiting == 0
+    metrics.close()
+    assert limiter.listeners == ()
+    provider.shutdown()
+    assert_idle(limiter)

@@ -1,4 +1,6 @@
-"""throttlekit: per-scope, server-aware throttling for asyncio and trio HTTP clients and crawlers.
+"""throttlekit: per-scope, server-aware throttling for HTTP clients and crawlers.
+
+On asyncio and trio with :class:`Limiter`, and in threads with :class:`SyncLimiter`.
 
 Quick start::
 
@@ -26,6 +28,7 @@ from ._errors import (
     WouldBlock,
 )
 from ._limiter import Limiter, Permit
+from ._listeners import LimiterListener
 from ._policy import ScopePolicy
 from ._rampup import Rampup
 from ._stats import LimiterStatistics, ScopeStatistics
@@ -41,6 +44,7 @@ __all__ = [
     "Controller",
     "Feedback",
     "Limiter",
+    "LimiterListener",
     "LimiterStatistics",
     "Overloaded",
     "Permit",

@@ -21,6 +21,7 @@ import attrs
 from . import scopes as _scopes
 from ._checks import check_number
 from ._controller import Feedback
+from ._listeners import AsyncHeard, LimiterListener, SyncHeard, heard_type
 from ._permit import Permit
 from ._policy import ScopePolicy
 from ._stats import LimiterStatistics, ScopeStatistics
@@ -52,6 +53,8 @@ class BaseLimiter:
     _local_type: ClassVar[type[MemoryBackend]] = MemoryBackend
     #: Whether a shared backend (``backend=``) can serve this driver.
     _shares_backends: ClassVar[bool] = True
+    #: What this driver's permits mix in to tell listeners.
+    _heard: ClassVar[type[AsyncHeard] | type[SyncHeard]] = AsyncHeard
 
     def __init__(
         self,
@@ -117,6 +120,8 @@ class BaseLimiter:
         # general Permit. Instrumentation (throttlekit.otel) swaps in a
         # subclass that records metrics, so a limiter without it pays nothing.
         self._permit_type: type[Permit] = getattr(self._backend, "permit_type", Permit)
+        self._plain_permit_type = self._permit_type
+        self._listeners: tuple[LimiterListener, ...] = ()
         # The uncontended grant, the URLs' scopes and the held permits.
         self._lane = local.lane
         local.lane.set_resolver(resolver)
@@ -238,6 +243,38 @@ class BaseLimiter:
         policy = attrs.evolve(self._local.default, concurrency=1, delay=delay)
         logger.debug("scope %s: Crawl-Delay %s s from robots.txt", scope, delay)
         self._local.set_policy(scope, policy)
+
+    @property
+    def listeners(self) -> tuple[LimiterListener, ...]:
+        """The listeners added with :meth:`add_listener`, in order."""
+        return self._listeners
+
+    def add_listener(self, listener: LimiterListener) -> None:
+        """Tell ``listener`` what every permit handed out from now on does.
+
+        ``listener`` has the methods of :class:`~throttlekit.LimiterListener`
+        (wait, grant, failure, release, feedback). A limiter without
+        listeners pays nothing for them; with some, each permit calls them.
+
+        :raises TypeError: ``listener`` lacks one of the methods.
+        :raises ValueError: ``listener`` was added already.
+        """
+        if not isinstance(listener, LimiterListener):
+            raise TypeError(
+                f"listener must have the methods of throttlekit.LimiterListener, got {listener!r}"
+            )
+        if any(listener is known for known in self._listeners):
+            raise ValueError(f"{listener!r} is already a listener of this limiter")
+        self._set_listeners((*self._listeners, listener))
+
+    def remove_listener(self, listener: LimiterListener) -> None:
+        """Stop telling ``listener`` (permits handed out already still do); no-op if unknown."""
+        self._set_listeners(tuple(known for known in self._listeners if known is not listener))
+
+    def _set_listeners(self, listeners: tuple[LimiterListener, ...]) -> None:
+        self._listeners = listeners
+        plain = self._plain_permit_type
+        self._permit_type = heard_type(self._heard, plain, listeners) if listeners else plain
 
     @property
     def crawl_delays(self) -> Mapping[str, float]:

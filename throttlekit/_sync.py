@@ -19,6 +19,7 @@ from . import scopes as _scopes
 from ._base import BaseLimiter, check_acquire
 from ._controller import Feedback
 from ._errors import ThrottleTimeout, WouldBlock
+from ._listeners import SyncHeard
 from ._permit import _holds_of
 from ._scheduler import WAITING, Ticket
 from ._stats import LimiterStatistics, ScopeStatistics
@@ -283,6 +284,7 @@ class SyncLimiter(BaseLimiter):
 
     _local_type = SyncMemoryBackend
     _shares_backends = False
+    _heard = SyncHeard
 
     def __repr__(self) -> str:
         return f"<SyncLimiter {self._local!r}>"

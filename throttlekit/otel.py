@@ -33,17 +33,18 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
 from . import __version__
 from ._backoff import Backoff
+from ._base import BaseLimiter
 from ._clock import now as _now
 from ._errors import BackendUnavailable, Overloaded, ThrottleTimeout
 from ._ledger import _DEFAULT_BACKOFF
 from ._limiter import Limiter, Permit
+from ._sync import SyncLimiter
 from .adapters._common import missing_extra
 
 try:
@@ -89,7 +90,7 @@ _ERROR_TYPE: Final = "error.type"
 
 
 def instrument(
-    limiter: Limiter,
+    limiter: Limiter | SyncLimiter,
     *,
     meter_provider: MeterProvider | None = None,
     name: str | None = None,
@@ -143,15 +144,17 @@ class LimiterMetrics:
 
     def __init__(
         self,
-        limiter: Limiter,
+        limiter: Limiter | SyncLimiter,
         *,
         meter_provider: MeterProvider | None = None,
         name: str | None = None,
         scope_group: Callable[[str], str] | None = None,
         per_scope: bool = False,
     ) -> None:
-        if not isinstance(limiter, Limiter):
-            raise TypeError(f"limiter must be a throttlekit.Limiter, got {limiter!r}")
+        if not isinstance(limiter, BaseLimiter):
+            raise TypeError(
+                f"limiter must be a throttlekit.Limiter or SyncLimiter, got {limiter!r}"
+            )
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {name!r}")
         if scope_group is not None and not callable(scope_group):
@@ -160,8 +163,7 @@ class LimiterMetrics:
             raise TypeError(f"per_scope must be a bool, got {per_scope!r}")
         if per_scope and scope_group is not None:
             raise ValueError("give scope_group or per_scope=True, not both")
-        unmetered = limiter._permit_type
-        if issubclass(unmetered, _MeteredPermit):
+        if any(isinstance(known, LimiterMetrics) for known in limiter.listeners):
             raise RuntimeError(f"{limiter!r} is already instrumented")
         self.name = name
         self._limiter = weakref.ref(limiter)
@@ -188,14 +190,15 @@ class LimiterMetrics:
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._shared_state: dict[str, ScopeStatistics] = {}
         self.closed = False
+        # The groups each held permit was counted in, and the permits waiting, by id.
+        self._held: dict[int, tuple[str, ...]] = {}
+        self._waiters: set[int] = set()
+        # Listeners are called from every thread of a SyncLimiter.
+        self._lock = threading.Lock()
         provider = meter_provider if meter_provider is not None else _otel.get_meter_provider()
         self._instruments = _Instruments.of(provider)
         self._instruments.add(self)
-        # The limiter's own permit type stays underneath (with its fast path).
-        self._unmetered = unmetered
-        limiter._permit_type = type(
-            "MeteredPermit", (_MeteredPermit, unmetered), {"__slots__": (), "_metrics": self}
-        )
+        limiter.add_listener(self)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -206,7 +209,7 @@ class LimiterMetrics:
         )
 
     @property
-    def limiter(self) -> Limiter | None:
+    def limiter(self) -> Limiter | SyncLimiter | None:
         """The instrumented limiter (``None`` once it has been garbage-collected)."""
         return self._limiter()
 
@@ -217,8 +220,8 @@ class LimiterMetrics:
         self.closed = True
         self._instruments.discard(self)
         limiter = self._limiter()
-        if limiter is not None and getattr(limiter._permit_type, "_metrics", None) is self:
-            limiter._permit_type = self._unmetered
+        if limiter is not None:
+            limiter.remove_listener(self)
 
     async def watch_shared_state(self, interval: float = 15.0) -> None:
         """With a shared backend, keep the ``throttlekit.scope.*`` gauges on the shared state.
@@ -270,7 +273,43 @@ class LimiterMetrics:
         group_of = self.group_of
         return {group_of(scope) for scope in scopes}
 
-    def _granted(self, permit: _MeteredPermit, waited: float) -> tuple[str, ...]:
+    # -- the listener (see throttlekit.LimiterListener) --------------------------------
+
+    def on_wait(self, permit: Permit) -> None:
+        """A request started to wait for its permit."""
+        with self._lock:
+            self.waiting += 1
+            self._waiters.add(id(permit))
+
+    def on_grant(self, permit: Permit, waited: float) -> None:
+        """A permit was granted after ``waited`` seconds (a nowait one had not waited)."""
+        with self._lock:
+            if id(permit) in self._waiters:
+                self._waiters.discard(id(permit))
+                self.waiting -= 1
+            groups = self._granted(permit, waited)
+            if groups:
+                self._held[id(permit)] = groups
+
+    def on_fail(self, permit: Permit, exc: BaseException, waited: float) -> None:
+        """A request was not granted (timeout, overload, cancellation...)."""
+        with self._lock:
+            self._waiters.discard(id(permit))
+            self.waiting -= 1
+            self._failed(permit, exc, waited)
+
+    def on_release(self, permit: Permit) -> None:
+        """A granted permit was given back."""
+        with self._lock:
+            groups = self._held.pop(id(permit), None)
+            if groups is not None:
+                self._released(groups)
+
+    def on_feedback(self, permit: Permit, feedback: Feedback) -> None:
+        """Feedback was recorded on a permit."""
+        self._feedback(permit, feedback)
+
+    def _granted(self, permit: Permit, waited: float) -> tuple[str, ...]:
         lease = permit._get_lease()
         if lease is None:
             return ()  # nested in a permit its task holds: it shares that one, granted nothing
@@ -307,7 +346,7 @@ class LimiterMetrics:
         for group in groups:
             active[group] -= 1
 
-    def _failed(self, permit: _MeteredPermit, exc: BaseException, waited: float) -> None:
+    def _failed(self, permit: Permit, exc: BaseException, waited: float) -> None:
         if isinstance(exc, ThrottleTimeout):
             outcome, counter = "timeout", self._instruments.timeouts
         elif isinstance(exc, Overloaded):
@@ -326,11 +365,11 @@ class LimiterMetrics:
             attributes[_OUTCOME] = outcome
             histogram.record(waited, attributes)
 
-    def _feedback(self, permit: _MeteredPermit, feedback: Feedback) -> None:
+    def _feedback(self, permit: Permit, feedback: Feedback) -> None:
         limiter = self._limiter()
         if limiter is None:
             return
-        self._offset = _now() - time.monotonic()
+        self._offset = _offset_of(limiter)
         scopes: Iterable[str] = feedback.scopes if feedback.scopes is not None else _fed(permit)
         info = feedback.rate_limit
         requested = None if info is None else info.wait()
@@ -413,72 +452,6 @@ class LimiterMetrics:
             yield "delay", _otel.Observation(seconds, self._attributes(group))
         for group, value in concurrency.items():
             yield "concurrency", _otel.Observation(value, self._attributes(group))
-
-
-class _MeteredPermit(Permit):
-    """A :class:`Permit` that reports to its limiter's :class:`LimiterMetrics`."""
-
-    # No __slots__: its two fields start as these class attributes (a permit
-    # has no __init__: the limiter sets its fields).
-    _groups: tuple[str, ...] | None = None  # while held: the groups counted active
-    _started = False
-
-    _metrics: LimiterMetrics  # set on the subclass made for each instrumented limiter
-
-    async def __aenter__(self) -> Permit:
-        metrics = self._metrics
-        start = _now()
-        self._started = True
-        metrics.waiting += 1
-        try:
-            await super().__aenter__()
-        except BaseException as exc:
-            metrics.waiting -= 1
-            metrics._failed(self, exc, max(0.0, _now() - start))
-            raise
-        metrics.waiting -= 1
-        self._groups = metrics._granted(self, max(0.0, self.granted_at - start))
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await super().__aexit__(exc_type, exc, tb)
-        finally:
-            self._done()
-
-    def __enter__(self) -> Permit:
-        entered = super().__enter__()
-        self._count_nowait()
-        return entered
-
-    def release(self) -> None:
-        """Give back the concurrency this permit holds (idempotent)."""
-        self._count_nowait()
-        super().release()
-        self._done()
-
-    def record(self, response: Any = None, **fields: Any) -> Feedback:
-        """Report how the request went (see :meth:`Permit.record <throttlekit.Permit.record>`)."""
-        feedback = super().record(response, **fields)
-        self._metrics._feedback(self, feedback)
-        return feedback
-
-    def _count_nowait(self) -> None:
-        """A permit of ``acquire_nowait()`` is counted when it is first used."""
-        if not self._started and self._lease is not None:
-            self._started = True
-            self._groups = self._metrics._granted(self, 0.0)
-
-    def _done(self) -> None:
-        groups = self._groups
-        if groups is not None:
-            self._groups = None
-            self._metrics._released(groups)
 
 
 class _Instruments:
@@ -628,7 +601,7 @@ def _same(scope: str) -> str:
     return scope
 
 
-def _policy_group(limiter: Limiter) -> Callable[[str], str]:
+def _policy_group(limiter: BaseLimiter) -> Callable[[str], str]:
     """The default grouping: named scopes alone, the rest by default policy or not."""
     named = frozenset(limiter.policies) - frozenset(limiter.crawl_delays)
     default = limiter.default
@@ -650,6 +623,13 @@ def _signal_name(backoff: Backoff, feedback: Feedback) -> str:
     cls = type(feedback.exception)
     module = cls.__module__
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _offset_of(limiter: BaseLimiter) -> float:
+    """The limiter's clock minus ``time.monotonic()`` (a SyncLimiter's clock is that one)."""
+    if isinstance(limiter, SyncLimiter):
+        return 0.0
+    return _now() - time.monotonic()
 
 
 def _fed(permit: Permit) -> set[str]:
@@ -675,7 +655,7 @@ def _requested_scopes(permit: Permit) -> Iterable[str]:
     return ()
 
 
-def _ledgers(limiter: Limiter) -> list[Any]:
+def _ledgers(limiter: BaseLimiter) -> list[Any]:
     """The scopes the limiter keeps in memory.
 
     Read from another thread than the event loop's (the exporter's): the
