@@ -102,6 +102,8 @@ _BLOCKED = (
     "aiohttp",
     "scrapy",
     "redis",
+    "requests",
+    "urllib3",
     "twisted",
     "typer",
     "rich",
@@ -144,6 +146,7 @@ _WITHOUT_EXTRAS = textwrap.dedent(
     for module, extra in [
         ("throttlekit.adapters.httpx", "httpx"),
         ("throttlekit.adapters.aiohttp", "aiohttp"),
+        ("throttlekit.adapters.requests", "requests"),
         ("throttlekit.adapters.scrapy", "scrapy"),
         ("throttlekit.backends.redis", "redis"),
         ("throttlekit.otel", "otel"),

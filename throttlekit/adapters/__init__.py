@@ -1,4 +1,4 @@
-"""Adapters that plug a :class:`~throttlekit.Limiter` into HTTP clients and crawlers.
+"""Adapters that plug a limiter into HTTP clients and crawlers.
 
 Each adapter lives in its own module and imports its framework only when
 that module is imported, so ``import throttlekit`` never needs them:
@@ -7,6 +7,10 @@ that module is imported, so ``import throttlekit`` never needs them:
   ``httpx.AsyncClient`` (``pip install "throttlekit-http[httpx]"``);
 * :mod:`throttlekit.adapters.aiohttp` -- a client middleware for
   ``aiohttp.ClientSession`` (``pip install "throttlekit-http[aiohttp]"``);
+* :mod:`throttlekit.adapters.requests` -- ``ThrottledAdapter`` for
+  ``requests.Session``, with a :class:`~throttlekit.SyncLimiter`
+  (``pip install "throttlekit-http[requests]"``); the httpx module also has
+  ``SyncThrottledTransport`` for ``httpx.Client``;
 * :mod:`throttlekit.adapters.scrapy` -- a Scrapy downloader middleware
   (``pip install "throttlekit-http[scrapy]"``).
 
