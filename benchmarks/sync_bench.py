@@ -350,7 +350,7 @@ def _threads(op: Callable[[int], None], per_thread: int) -> tuple[float, float]:
 
 
 def _contended(config: RunConfig, result: SuiteResult) -> None:
-    per_thread = 200 if config.quick else 3_000
+    per_thread = 20 if config.quick else 3_000
     one = SyncLimiter(concurrency=None, default=ScopePolicy(concurrency=8, delay=0))
     many = SyncLimiter(concurrency=None, default=ScopePolicy(concurrency=1, delay=0))
     shared = threading.Semaphore(8)

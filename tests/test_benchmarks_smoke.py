@@ -26,6 +26,7 @@ SUITES = {
     "real-limiters",
     "redis",
     "redis-scale",
+    "sync",
 }
 
 pytestmark = pytest.mark.slow
@@ -90,6 +91,19 @@ def test_quick_run_measures_the_references_and_throttlekit(
         assert (label in per_op) != (label in skipped), label
     memory = document["suites"]["scopes"]["data"]["memory"]
     assert all(v["bytes_per_scope"] > 0 for per in memory.values() for v in per.values())
+    sync = document["suites"]["sync"]
+    for label in ("threading.Semaphore", "SyncLimiter", "throttlekit ThrottledAdapter"):
+        assert sync["data"]["per_op"][label]["median_ns"] > 0
+    skipped = {skip["name"] for skip in sync["skipped"]}
+    for label, factory in (
+        ("pyrate-limiter", "pyrate_limiter"),
+        ("requests-ratelimiter", "requests_ratelimiter"),
+    ):
+        assert (label in sync["data"]["per_op"]) != (factory in skipped), label
+    assert set(sync["data"]["threads"]) == {
+        "one scope, concurrency 8",
+        "64 scopes, concurrency 1 each",
+    }
 
 
 def test_virtual_clock_run_serves_everything_at_the_allowed_rate(
