@@ -104,7 +104,7 @@ MIN_PACE_RESET = 5.0
 #: Header families whose reset is when a token bucket is full again (OpenAI's
 #: "until the rate limit resets to its initial state", Anthropic's "fully
 #: replenished"), not the end of a window.
-BUCKET_SOURCES = frozenset({"openai", "anthropic"})
+BUCKET_SOURCES = frozenset({"openai", "anthropic", "groq"})
 
 
 def low_remaining_pace(info: RateLimitInfo) -> float | None:
@@ -206,9 +206,13 @@ class Backoff:
     After ten calm windows at the edge it forgets the edge and probes
     again, since servers change. ``min_delay`` bounds the first step only.
 
-    ``Retry-After`` and ``RateLimit`` reset values in any response (parsed by
-    :mod:`throttlekit.headers`) block the scope until that time, capped at
-    ``max_delay``; a low ``remaining`` paces the rest of the window.
+    A wait the response asks for blocks the scope until then, capped at
+    ``max_delay``: ``Retry-After`` on the statuses HTTP defines it for (429,
+    503, redirects, and 403; not a 200, see
+    :func:`throttlekit.headers.retry_after_counts`), a wait stated in a
+    small 429 body, or the reset of a spent ``RateLimit`` quota, all as
+    :func:`throttlekit.headers.parse` reads them for every controller; a low
+    ``remaining`` paces the rest of the window.
 
     :param http_codes: statuses that are signals. Default: 429, 502, 503, 504, 520-524.
     :param exceptions: exception classes or import paths that are signals.

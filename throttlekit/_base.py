@@ -330,11 +330,18 @@ class BaseLimiter:
         fields["sent_at"] = granted_at
         if fields["latency"] is None:
             fields["latency"] = max(0.0, self._local.now() - granted_at)
-        if fields["headers"]:
+        body = fields.pop("body", None)
+        if fields["headers"] or body is not None:
             from . import headers as _headers
 
+            # The one reading of a response that every controller shares
+            # (Retry-After only on the statuses that define it, a wait in a 429's body).
             fields["rate_limit"] = _headers.parse(
-                fields["headers"], now=time.time(), max_delay=_HEADER_MAX_DELAY
+                fields["headers"],
+                now=time.time(),
+                max_delay=_HEADER_MAX_DELAY,
+                status=fields["status"],
+                body=body,
             )
         return Feedback(**fields)
 

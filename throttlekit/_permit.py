@@ -333,6 +333,7 @@ class Permit:
         adjust_delay: bool | None = None,
         scopes: Iterable[str] | None = None,
         budgets: Mapping[str, str] | None = None,
+        body: bytes | str | dict[str, Any] | list[Any] | None = None,
     ) -> Feedback:
         """Report how the request went, so the scope's controllers can react.
 
@@ -360,6 +361,10 @@ class Permit:
             :meth:`throttlekit.headers.RateLimitInfo.for_scopes`). In memory
             only: the Redis backend keeps the last record of a permit, which
             is the one for the scopes that track no named budget.
+        :param body: the body of a 429 or 503 response, when it is small
+            (:func:`throttlekit.headers.wants_body`): a wait it states
+            (Gemini's ``RetryInfo``) counts as a ``Retry-After``. Ignored
+            for other statuses; not kept.
         :returns: the :class:`Feedback` that was recorded.
         """
         lease = self._get_lease()
@@ -394,6 +399,7 @@ class Permit:
             size=size,
             adjust_delay=adjust_delay,
             scopes=scopes,
+            body=body,
         )
         if lease is not None:
             own_scopes = None if scopes is None else scopes & own.keys()

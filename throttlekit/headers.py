@@ -23,7 +23,7 @@ Header families
     own SDKs do. The result is :attr:`RateLimitInfo.retry_after`.
 
 IETF structured fields (``source="ietf"``)
-    draft-ietf-httpapi-ratelimit-headers-10 defines two Structured Fields
+    draft-ietf-httpapi-ratelimit-headers-8 and later (up to 11) define two Structured Fields
     (RFC 9651) Lists. ``RateLimit-Policy: "default";q=100;w=60`` describes
     quota policies: the item is the policy name (a String or Token), ``q`` is
     the quota, ``w`` the window in seconds, ``qu`` the quota unit, ``pk`` a
@@ -36,11 +36,16 @@ IETF structured fields (``source="ietf"``)
 
 Older IETF drafts (``source="ietf-legacy"``)
     Separate ``RateLimit-Limit``, ``RateLimit-Remaining`` and
-    ``RateLimit-Reset`` fields (the limit may carry quota policies, as in
-    ``100, 100;w=60``: the first number is the limit and the ``w`` of a
+    ``RateLimit-Reset`` fields (drafts up to 6; the limit may carry quota
+    policies, as in ``100, 100;w=60``, or ``100, 100;window=60`` in the
+    first drafts: the first number is the limit and the ``w`` of a
     matching policy is the window), and the combined dictionary form
-    ``RateLimit: limit=100, remaining=50, reset=30``, recognised when a
-    ``RateLimit`` value is not a valid draft-10 List. The reset is read like
+    ``RateLimit: limit=100, remaining=50, reset=30`` (draft 7), recognised
+    when a ``RateLimit`` value is not a valid draft-10 List. Drafts 6 and 7
+    state the policies in a ``RateLimit-Policy`` of numbers
+    (``120;w=60, 1000;w=3600``): the window is the ``w`` of the policy
+    whose quota is the limit, and without a limit the policy with the
+    smallest quota per second gives both. The reset is read like
     an ``X-RateLimit-Reset`` (GitLab sends a Unix time there). GitLab's
     ``RateLimit-Observed`` (units used) gives the remaining units when
     ``RateLimit-Remaining`` is missing.
@@ -51,8 +56,8 @@ De facto ``X-RateLimit-*`` (``source="x-ratelimit"``)
     (delta seconds, Discord) and ``X-RateLimit-Used`` (GitHub, Reddit: the
     remaining units are ``limit - used`` when not given, the limit is
     ``remaining + used`` when not given). A reset above ``1e12`` is an epoch
-    time in milliseconds, above ``1e9`` an epoch time in seconds (GitHub, X,
-    Discord; both converted to a delay relative to ``now``; past times mean
+    time in milliseconds, above ``1e9`` an epoch time in seconds, whole or
+    decimal (GitHub, X, Discord; both converted to a delay relative to ``now``; past times mean
     ``0.0``), anything else is delta seconds (Reddit). An HTTP-date reset
     (Cloudflare) is converted relative to ``now`` as well.
 
@@ -60,12 +65,40 @@ OpenAI (``source="openai"``)
     ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``, as sent by
     OpenAI, Azure OpenAI and the APIs that copy them: two budgets,
     ``"requests"`` and ``"tokens"``. A reset is a Go duration (``1s``,
-    ``6m0s``, ``20ms``, ``1h2m3.5s``) or plain seconds.
+    ``6m0s``, ``20ms``, ``1h2m3.5s``) or plain seconds. Azure OpenAI sends
+    ``-1`` (and a reset of ``0``) for a budget it does not report: a budget
+    whose limit or remaining is negative, or whose limit is ``0``, is
+    unknown (not reported at all), and ``remaining: 0`` with a reset of
+    ``0`` is unknown too, not spent.
+
+Groq (``source="groq"``)
+    The same fields, recognised by Groq's ``x-groq-region``: the requests
+    budget is per **day** (``window=86400``) and the tokens budget per
+    minute (``window=60``).
 
 Anthropic (``source="anthropic"``)
     ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}``:
     four budgets, each reset an RFC 3339 time (``2025-01-01T00:01:00Z``)
     converted relative to ``now``.
+
+A wait stated in the body (``body=``, on a 429 or 503 only)
+    Google's Gemini API sends no rate-limit header: its 429 carries the wait
+    in a small JSON body, as ``RetryInfo`` (``"retryDelay": "46s"`` among the
+    ``error.details``) and in the message (``"Please retry in 46.2s."``).
+    Given the body of a 429 or 503 (at most :data:`MAX_WAIT_BODY` bytes), the
+    longest wait it states this way (also ``"try again in 20s"``, OpenAI,
+    and ``"retry after 37 seconds"``, Azure) becomes the
+    :attr:`~RateLimitInfo.retry_after` of a response without
+    ``Retry-After``/``Retry-After-Ms``. :func:`wants_body` says when an
+    adapter should pass the body.
+
+Which statuses ``Retry-After`` counts on
+    HTTP defines ``Retry-After`` for 503, 429 and redirects (RFC 9110,
+    section 10.2.3; RFC 6585), and GitHub and others send it with a 403 that
+    means "too fast". Given the response's ``status=``, :func:`parse` reads
+    ``Retry-After``/``Retry-After-Ms`` on those statuses only
+    (:func:`retry_after_counts`): a framework that sends it on every
+    response, 200s included, does not block the scope while it answers.
 
 Budgets
 =======
@@ -85,7 +118,7 @@ Precedence and duplicates
 =========================
 
 ``remaining``, ``reset``, ``limit`` and ``window`` all come from one family,
-so that they describe the same window: the first of Anthropic, OpenAI, IETF
+so that they describe the same window: the first of Anthropic, OpenAI (or Groq), IETF
 structured, ietf-legacy, x-ratelimit that reports ``remaining`` or ``reset``,
 or failing that the first that reports a ``limit``. :attr:`RateLimitInfo.source`
 names it. ``Retry-After`` is independent of the families and wins over them in
@@ -138,6 +171,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import json
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -147,7 +181,15 @@ from typing import Any, Final, TypeAlias
 import attrs
 import http_sf
 
-__all__ = ["EMPTY", "RateLimitInfo", "parse", "parse_retry_after"]
+__all__ = [
+    "EMPTY",
+    "MAX_WAIT_BODY",
+    "RateLimitInfo",
+    "parse",
+    "parse_retry_after",
+    "retry_after_counts",
+    "wants_body",
+]
 
 _Headers: TypeAlias = Mapping[Any, Any] | Iterable[tuple[str | bytes, str | bytes]] | None
 
@@ -165,7 +207,19 @@ _MAX_NUMBER_LENGTH: Final = 20
 #: A date or a duration written with more characters than this is ignored.
 _MAX_DATE_LENGTH: Final = 40
 
-_SOURCES: Final = frozenset({"anthropic", "ietf", "ietf-legacy", "openai", "x-ratelimit"})
+_SOURCES: Final = frozenset({"anthropic", "groq", "ietf", "ietf-legacy", "openai", "x-ratelimit"})
+
+#: Statuses besides the redirects (3xx) on which ``Retry-After`` asks to wait:
+#: 429 and 503 as HTTP defines it, 403 as GitHub's secondary limits send it.
+_RETRY_AFTER_STATUSES: Final = frozenset({403, 429, 503})
+#: Statuses whose small JSON body may state the wait (Gemini's 429).
+_WAIT_BODY_STATUSES: Final = frozenset({429, 503})
+#: A body longer than this (in bytes or characters) is not read for a wait.
+MAX_WAIT_BODY: Final = 16 * 1024
+#: At most this much of an error message is searched for a wait.
+_MAX_MESSAGE_LENGTH: Final = 2048
+#: At most this many documents of a JSON array body are looked at.
+_MAX_BODY_DOCUMENTS: Final = 4
 
 _RETRY_AFTER: Final = "retry-after"
 _RETRY_AFTER_MS: Final = "retry-after-ms"
@@ -181,6 +235,10 @@ _X_REMAINING: Final = ("x-ratelimit-remaining", "x-rate-limit-remaining")
 _X_RESET: Final = ("x-ratelimit-reset", "x-rate-limit-reset")
 _X_RESET_AFTER: Final = "x-ratelimit-reset-after"
 _X_USED: Final = "x-ratelimit-used"
+#: Sent by Groq only: its x-ratelimit-*-requests budget is per day.
+_GROQ_MARKER: Final = "x-groq-region"
+#: Groq's budgets' windows: requests per day, tokens per minute.
+_GROQ_WINDOWS: Final = {"requests": 86_400.0, "tokens": 60.0}
 
 
 def _budget_fields(template: str, budget: str) -> tuple[str, str, str]:
@@ -217,6 +275,7 @@ _FIELD_NAMES: Final = frozenset(
         *_X_RESET,
         _X_RESET_AFTER,
         _X_USED,
+        _GROQ_MARKER,
         *(name for names in _OPENAI_BUDGETS.values() for name in names),
         *(name for names in _ANTHROPIC_BUDGETS.values() for name in names),
     }
@@ -225,6 +284,18 @@ _MAX_NAME_LENGTH: Final = max(len(name) for name in _FIELD_NAMES)
 _OWS: Final = " \t"
 
 _NUMBER: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+#: A negative number: Azure OpenAI's "not reported" (``-1``).
+_NEGATIVE: Final = re.compile(r"-[0-9]+(?:\.[0-9]+)?")
+#: A google.protobuf.Duration in JSON: ``"46s"``, ``"8.941621227s"``.
+_PROTO_DURATION: Final = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,9})?)s")
+#: A wait stated in an error message: ``Please retry in 46.2s``, ``try again in 6m0s``.
+_MESSAGE_RETRY_IN: Final = re.compile(
+    r"(?:retry|try again) in ((?:[0-9]+(?:\.[0-9]+)?(?:h|ms|m|s|us|µs|μs|ns))+)", re.IGNORECASE
+)
+#: ``retry after 37 seconds`` (Azure OpenAI).
+_MESSAGE_RETRY_AFTER: Final = re.compile(
+    r"retry after ([0-9]+(?:\.[0-9]+)?) seconds?", re.IGNORECASE
+)
 #: A Go duration (``time.Duration.String()``): ``1h2m3.5s``, ``6m0s``, ``20ms``.
 _GO_DURATION: Final = re.compile(r"(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:h|m|s|ms|us|µs|μs|ns))+")
 _GO_PART: Final = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ms|us|µs|μs|ns|h|m|s)")
@@ -511,13 +582,20 @@ class _PolicyItem:
     params: Mapping[str, object]
 
 
-def parse(headers: _Headers, *, now: float, max_delay: float = 300.0) -> RateLimitInfo:
+def parse(
+    headers: _Headers,
+    *,
+    now: float,
+    max_delay: float = 300.0,
+    status: int | None = None,
+    body: bytes | str | dict[str, Any] | list[Any] | None = None,
+) -> RateLimitInfo:
     """Parse the rate-limit headers of one response.
 
     Header names are matched case-insensitively in any container, and values
     that are bytes are decoded as latin-1. See the module documentation for
     the formats, their precedence and the bounds applied to hostile input.
-    Never raises because of a header's value.
+    Never raises because of a header's value or the body's content.
 
     :param headers: the response headers: a mapping (``dict``,
         ``httpx.Headers``, multidict's ``CIMultiDict``/``CIMultiDictProxy``,
@@ -528,38 +606,54 @@ def parse(headers: _Headers, *, now: float, max_delay: float = 300.0) -> RateLim
         absolute times in the headers are converted relative to it.
     :param max_delay: the longest delay, in seconds, that will be reported;
         longer ones are clamped to it.
+    :param status: the response's HTTP status, when known: ``Retry-After``
+        and ``Retry-After-Ms`` then count only where HTTP defines them
+        (:func:`retry_after_counts`). ``None`` reads them whatever the status.
+    :param body: the body of a 429 or 503 response (at most
+        :data:`MAX_WAIT_BODY` long, as bytes, text or its parsed JSON), for
+        a wait it states (Gemini's ``RetryInfo``); ignored with any other
+        ``status``, and when ``Retry-After`` is present. See
+        :func:`wants_body`.
     :returns: the normalized information; :data:`EMPTY` when ``headers`` is
-        ``None`` or holds no rate-limit header.
+        ``None`` or holds no rate-limit header (and the body states no wait).
     :raises TypeError: if ``headers`` is not one of the accepted containers,
-        a name or value is neither ``str`` nor ``bytes``, or ``now`` or
-        ``max_delay`` is not a number.
+        a name or value is neither ``str`` nor ``bytes``, ``now`` or
+        ``max_delay`` is not a number, ``status`` is not an int or ``None``,
+        or ``body`` is none of the accepted types.
     :raises ValueError: if ``now`` is not finite, or ``max_delay`` is not
         finite and ``> 0``.
     """
     _check_now(now)
     _check_max_delay(max_delay)
+    _check_status(status)
+    _check_body(body)
     now, max_delay = float(now), float(max_delay)
     fields = _collect(headers)
-    if not fields:
+    body_wait = None
+    if body is not None and status in _WAIT_BODY_STATUSES:
+        body_wait = _body_wait(body, max_delay)
+    if not fields and body_wait is None:
         return EMPTY
-    retry_after = _largest(
-        _clamp(milliseconds / 1000.0, max_delay)
-        for value in fields.get(_RETRY_AFTER_MS, ())
-        for milliseconds in (_number(value),)
-        if milliseconds is not None
-    )
-    if retry_after is None:
-        date = _earliest_date(fields.get(_DATE, ()), now)
-        retry_after = _largest(
-            _retry_after_delay(value, now=now, date=date, max_delay=max_delay)
-            for value in fields.get(_RETRY_AFTER, ())
-        )
+    retry_after = None
+    if retry_after_counts(status):
+        retry_after = _header_retry_after(fields, now, max_delay)
+        if retry_after is None:
+            retry_after = body_wait
     states, dictionary_lines = _structured_items(fields.get(_RATELIMIT, ()))
     policies, _ = _structured_items(fields.get(_RATELIMIT_POLICY, ()))
+    groq = _GROQ_MARKER in fields
     quota = _choose_quota(
         (
             _budget_family("anthropic", _ANTHROPIC_BUDGETS, fields, _rfc3339_delay, now, max_delay),
-            _budget_family("openai", _OPENAI_BUDGETS, fields, _duration_delay, now, max_delay),
+            _budget_family(
+                "groq" if groq else "openai",
+                _OPENAI_BUDGETS,
+                fields,
+                _duration_delay,
+                now,
+                max_delay,
+                _GROQ_WINDOWS if groq else None,
+            ),
             _ietf_quota(states, policies, max_delay),
             _legacy_quota(fields, dictionary_lines, now, max_delay),
             _x_ratelimit_quota(fields, now, max_delay),
@@ -570,6 +664,47 @@ def parse(headers: _Headers, *, now: float, max_delay: float = 300.0) -> RateLim
     if quota is None:
         return RateLimitInfo(retry_after=retry_after)
     return attrs.evolve(quota, retry_after=retry_after)
+
+
+def retry_after_counts(status: int | None) -> bool:
+    """Whether ``Retry-After`` on a response with this status asks the client to wait.
+
+    HTTP defines it for 503 (Service Unavailable), 429 (Too Many Requests)
+    and the redirects (3xx); GitHub and others send it with a 403 that
+    means "too fast". On any other status (a 200, a 404) it is ignored:
+    some frameworks send it on every response. ``None`` (status unknown)
+    counts.
+
+    :raises TypeError: if ``status`` is neither an int nor ``None``.
+    """
+    _check_status(status)
+    return status is None or status in _RETRY_AFTER_STATUSES or 300 <= status < 400
+
+
+def wants_body(status: int | None, headers: Any) -> bool:
+    """Whether an adapter should read this response's body and pass it to :func:`parse`.
+
+    Only a 429 or 503 whose ``Content-Type`` is JSON and whose
+    ``Content-Length`` states at most :data:`MAX_WAIT_BODY` bytes may state
+    its wait in the body: never another status, a stream of events, or a
+    body of unstated length (which may be a stream).
+
+    :param headers: the response headers: a mapping or any headers object
+        with ``.get`` (values ``str`` or ``bytes``).
+    """
+    if status not in _WAIT_BODY_STATUSES:
+        return False
+    kind = _header_value(headers, "content-type")
+    if kind is None:
+        return False
+    kind = kind.partition(";")[0].strip(_OWS).lower()
+    if kind != "application/json" and not kind.endswith("+json"):
+        return False
+    length = _header_value(headers, "content-length")
+    if length is None:
+        return False
+    length = length.strip(_OWS)
+    return length.isdigit() and len(length) <= _MAX_NUMBER_LENGTH and int(length) <= MAX_WAIT_BODY
 
 
 def parse_retry_after(
@@ -609,7 +744,106 @@ def parse_retry_after(
     return _retry_after_delay(text, now=now, date=date_epoch, max_delay=max_delay)
 
 
+def _header_retry_after(
+    fields: Mapping[str, Sequence[str]], now: float, max_delay: float
+) -> float | None:
+    """The wait of ``Retry-After-Ms`` (which wins when valid), else of ``Retry-After``."""
+    retry_after = _largest(
+        _clamp(milliseconds / 1000.0, max_delay)
+        for value in fields.get(_RETRY_AFTER_MS, ())
+        for milliseconds in (_number(value),)
+        if milliseconds is not None
+    )
+    if retry_after is None:
+        date = _earliest_date(fields.get(_DATE, ()), now)
+        retry_after = _largest(
+            _retry_after_delay(value, now=now, date=date, max_delay=max_delay)
+            for value in fields.get(_RETRY_AFTER, ())
+        )
+    return retry_after
+
+
+def _header_value(headers: Any, name: str) -> str | None:
+    """One header's value as text from any container with ``.get``, ``None`` if absent."""
+    getter = getattr(headers, "get", None)
+    if not callable(getter):
+        return None
+    for key in (name, name.title()):
+        value = getter(key)
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value[:_MAX_VALUE_LENGTH]).decode("latin-1")
+        if isinstance(value, str):
+            return value[:_MAX_VALUE_LENGTH]
+    return None
+
+
+# Waits stated in a body ------------------------------------------------------
+
+
+def _body_wait(body: object, max_delay: float) -> float | None:
+    """The longest wait a 429's JSON body states (Gemini, OpenAI, Azure), clamped."""
+    waits: list[float | None] = []
+    for error in _body_errors(body):
+        details = error.get("details")
+        if isinstance(details, list):
+            for detail in details[:_MAX_MEMBERS]:
+                if not isinstance(detail, dict):
+                    continue
+                kind = detail.get("@type")
+                if isinstance(kind, str) and kind.endswith("google.rpc.RetryInfo"):
+                    waits.append(_proto_duration(detail.get("retryDelay")))
+        message = error.get("message")
+        if isinstance(message, str):
+            text = message[:_MAX_MESSAGE_LENGTH]
+            for match in _MESSAGE_RETRY_IN.finditer(text):
+                waits.append(_duration_delay(match.group(1), 0.0))
+            waits.extend(_number(match.group(1)) for match in _MESSAGE_RETRY_AFTER.finditer(text))
+    wait = _largest(waits)
+    return None if wait is None else _clamp(wait, max_delay)
+
+
+def _body_errors(body: object) -> list[dict[str, Any]]:
+    """The ``error`` objects of a body: ``{"error": {...}}`` or a list of them (Gemini streams)."""
+    document: object = body
+    if isinstance(body, (bytes, bytearray, str)):
+        if len(body) > MAX_WAIT_BODY:
+            return []
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
+            return []
+    items = document[:_MAX_BODY_DOCUMENTS] if isinstance(document, list) else [document]
+    return [
+        item["error"]
+        for item in items
+        if isinstance(item, dict) and isinstance(item.get("error"), dict)
+    ]
+
+
+def _proto_duration(value: object) -> float | None:
+    """A google.protobuf.Duration as JSON (``"46s"``, ``"0.5s"``) in seconds."""
+    if not isinstance(value, str) or len(value) > _MAX_NUMBER_LENGTH + 1:
+        return None
+    match = _PROTO_DURATION.fullmatch(value.strip(_OWS))
+    return None if match is None else float(match.group(1))
+
+
 # Argument checks ------------------------------------------------------------
+
+
+def _check_status(status: object) -> None:
+    if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+        raise TypeError(f"status must be an int or None, got {type(status).__name__}")
+
+
+def _check_body(body: object) -> None:
+    if body is not None and not isinstance(body, (bytes, bytearray, str, dict, list)):
+        raise TypeError(
+            "body must be bytes, str, a parsed JSON document (dict or list) or None, "
+            f"got {type(body).__name__}"
+        )
 
 
 def _check_number(name: str, value: object) -> None:
@@ -794,7 +1028,7 @@ def _number_and_window(text: str) -> tuple[float | None, float | None]:
     if params_text:
         for param in params_text.split(";", _MAX_MEMBERS)[:_MAX_MEMBERS]:
             key, _, param_value = param.partition("=")
-            if key.strip(_OWS).lower() == "w":
+            if key.strip(_OWS).lower() in ("w", "window"):  # "window" in the first drafts
                 window = _number(param_value)
                 if window == 0:
                     window = None
@@ -1179,6 +1413,9 @@ def _legacy_quota(
     ]
     limits = [_limit_and_window(value) for value in fields.get(_LEGACY_LIMIT, ())]
     used = [number for value in fields.get(_LEGACY_OBSERVED, ()) for number in _numbers(value)]
+    policies = [
+        policy for value in fields.get(_RATELIMIT_POLICY, ()) for policy in _number_policies(value)
+    ]
     for line in dictionary_lines:
         for member in _members(line):
             key, separator, value = member.partition("=")
@@ -1195,7 +1432,40 @@ def _legacy_quota(
                 remaining.append(number)
             elif key == "reset":
                 resets.append(number)
-    return _quota("ietf-legacy", remaining, resets, limits, used, max_delay)
+    quota = _quota("ietf-legacy", remaining, resets, limits, used, max_delay)
+    return _with_policy_window(quota, policies)
+
+
+def _number_policies(text: str) -> list[tuple[float, float]]:
+    """The quota policies of a draft-6/7 ``RateLimit-Policy``: ``120;w=60, 1000;w=3600``."""
+    policies = []
+    for member in _members(text):
+        quota, window = _number_and_window(member)
+        if quota is not None and quota > 0 and window is not None:
+            policies.append((quota, window))
+    return policies
+
+
+def _with_policy_window(
+    quota: RateLimitInfo | None, policies: Sequence[tuple[float, float]]
+) -> RateLimitInfo | None:
+    """Complete a legacy quota with its ``RateLimit-Policy``.
+
+    The window is that of the policy whose quota is the limit; without a
+    limit, the policy with the smallest quota per second gives both.
+    """
+    if not policies:
+        return quota
+    if quota is None or quota.limit is None:
+        limit, window = min(policies, key=lambda policy: policy[0] / policy[1])
+        if quota is None:
+            return RateLimitInfo(limit=limit, window=window, source="ietf-legacy")
+        return attrs.evolve(quota, limit=limit, window=window)
+    if quota.window is None:
+        for limit, window in policies:
+            if limit == quota.limit:
+                return attrs.evolve(quota, window=window)
+    return quota
 
 
 def _x_ratelimit_quota(
@@ -1227,24 +1497,46 @@ def _budget_family(
     reset_delay: Callable[[str, float], float | None],
     now: float,
     max_delay: float,
+    windows: Mapping[str, float] | None = None,
 ) -> RateLimitInfo | None:
-    """A family that reports named budgets in ``{limit, remaining, reset}`` fields each."""
+    """A family that reports named budgets in ``{limit, remaining, reset}`` fields each.
+
+    ``windows`` gives the window of each budget (Groq's), which the fields
+    do not state.
+    """
     budgets = []
     for budget, (limit_name, remaining_name, reset_name) in names.items():
-        remaining = [
-            number for value in fields.get(remaining_name, ()) for number in _numbers(value)
-        ]
+        limit_values = fields.get(limit_name, ())
+        remaining_values = fields.get(remaining_name, ())
+        if _unreported(limit_values, remaining_values):
+            continue
+        remaining = [number for value in remaining_values for number in _numbers(value)]
         resets = [
             delay
             for value in fields.get(reset_name, ())
             for delay in (reset_delay(value, now),)
             if delay is not None
         ]
-        limits = [_limit_and_window(value) for value in fields.get(limit_name, ())]
+        if resets and max(resets) == 0 and remaining and min(remaining) == 0:
+            remaining = []  # "none left, reset now" (Azure): nothing is known to be spent
+        window = None if windows is None else windows.get(budget)
+        limits = [
+            None if limit is None else (limit[0], window or limit[1])
+            for limit in map(_limit_and_window, limit_values)
+        ]
         quota = _quota(source, remaining, resets, limits, (), max_delay, budget)
         if quota is not None:
+            if window is not None and quota.window is None:
+                quota = attrs.evolve(quota, window=window)
             budgets.append(quota)
     return _with_budgets(budgets, None) if budgets else None
+
+
+def _unreported(limits: Sequence[str], remaining: Sequence[str]) -> bool:
+    """Whether a budget's fields say it is not reported: Azure OpenAI's ``-1``, or a limit of 0."""
+    if any(_NEGATIVE.fullmatch(value.strip(_OWS)) for value in (*limits, *remaining)):
+        return True
+    return any(_number(value) == 0 for value in limits)
 
 
 def _choose_quota(quotas: Iterable[RateLimitInfo | None]) -> RateLimitInfo | None:

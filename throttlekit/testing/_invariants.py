@@ -258,7 +258,9 @@ def _retry_after(
     until, wait, cause = -1.0, 0.0, None
     for _, kind, record in trace.iter_events(scope):
         if kind == "response" and record.headers and record.responded is not None:
-            asked = parse_headers(record.headers, now=wall, max_delay=cap).wait()
+            asked = parse_headers(
+                record.headers, now=wall, max_delay=cap, status=record.status
+            ).wait()
             if asked:
                 recent.append((record.responded, asked, record))
         elif kind == "send" and record.sent is not None:
