@@ -1,6 +1,7 @@
 """Many concurrent OpenAI SDK calls within a requests budget and a tokens budget.
 
-The SDK sends through httpx; ThrottledTransport throttles every request it
+The SDK sends through httpx2, its own HTTP library (``pip install openai
+"throttlekit-http[httpx2]"``); ThrottledTransport throttles every request it
 sends on two scopes: the API host (requests) and "openai-tokens" (tokens).
 Each call declares the tokens it expects; the response's ``usage`` corrects
 them, and the ``x-ratelimit-*`` headers pace each scope by its own budget.
@@ -9,11 +10,11 @@ them, and the ``x-ratelimit-*`` headers pace each scope by its own budget.
 from __future__ import annotations
 
 import anyio
-import httpx
+import httpx2
 import openai
 
 import throttlekit
-from throttlekit.adapters.httpx import ThrottledTransport, throttling, token_usage
+from throttlekit.adapters.httpx2 import ThrottledTransport, throttling, token_usage
 
 HOST = "api.openai.com"
 TOKENS = "openai-tokens"
@@ -44,12 +45,12 @@ def build_client(
     *,
     api_key: str | None = None,
     base_url: str | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
+    transport: httpx2.AsyncBaseTransport | None = None,
 ) -> openai.AsyncOpenAI:
-    """The SDK on a throttled httpx client; the limiter paces, so the SDK never retries.
+    """The SDK on a throttled httpx2 client; the limiter paces, so the SDK never retries.
 
     ``api_key=None`` reads ``OPENAI_API_KEY``; ``transport`` is the one that
-    sends (``None``: httpx's default).
+    sends (``None``: httpx2's default).
     """
     throttled = ThrottledTransport(
         limiter,
@@ -61,7 +62,7 @@ def build_client(
         api_key=api_key,
         base_url=base_url,
         max_retries=0,
-        http_client=httpx.AsyncClient(transport=throttled),
+        http_client=httpx2.AsyncClient(transport=throttled),
     )
 
 

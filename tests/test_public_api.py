@@ -99,6 +99,7 @@ def test_main_classes_show_a_usage_example(name: str) -> None:
 
 _BLOCKED = (
     "httpx",
+    "httpx2",
     "aiohttp",
     "scrapy",
     "redis",
@@ -145,6 +146,7 @@ _WITHOUT_EXTRAS = textwrap.dedent(
 
     for module, extra in [
         ("throttlekit.adapters.httpx", "httpx"),
+        ("throttlekit.adapters.httpx2", "httpx2"),
         ("throttlekit.adapters.aiohttp", "aiohttp"),
         ("throttlekit.adapters.requests", "requests"),
         ("throttlekit.adapters.scrapy", "scrapy"),
@@ -167,6 +169,56 @@ def test_import_without_optional_extras() -> None:
     """The core imports and works with none of the optional packages installed."""
     result = subprocess.run(
         [sys.executable, "-c", _WITHOUT_EXTRAS.format(blocked=set(_BLOCKED))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+_ONE_LIBRARY = textwrap.dedent(
+    """
+    import importlib.abc
+    import sys
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == {blocked!r}:
+                raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+            return None
+
+    sys.meta_path.insert(0, Block())
+
+    import anyio
+    import {library}
+    import throttlekit
+    from throttlekit.adapters.{library} import ThrottledTransport, client
+
+    async def main():
+        limiter = throttlekit.Limiter()
+        inner = {library}.MockTransport(lambda request: {library}.Response(204))
+        transport = ThrottledTransport(limiter, inner)
+        async with {library}.AsyncClient(transport=transport) as http:
+            response = await http.get("https://example.com/")
+        async with client(limiter) as made:
+            assert isinstance(made, {library}.AsyncClient)
+        return response.status_code
+
+    assert anyio.run(main) == 204
+    assert {blocked!r} not in sys.modules
+    print("ok")
+    """
+)
+
+
+@pytest.mark.parametrize(("library", "blocked"), [("httpx", "httpx2"), ("httpx2", "httpx")])
+def test_each_httpx_adapter_needs_its_library_only(library: str, blocked: str) -> None:
+    """The httpx2 transport works where only httpx2 is installed (the SDKs' case), and back."""
+    pytest.importorskip(library)
+    result = subprocess.run(
+        [sys.executable, "-c", _ONE_LIBRARY.format(library=library, blocked=blocked)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -5,6 +5,9 @@ that module is imported, so ``import throttlekit`` never needs them:
 
 * :mod:`throttlekit.adapters.httpx` -- ``ThrottledTransport`` for
   ``httpx.AsyncClient`` (``pip install "throttlekit-http[httpx]"``);
+* :mod:`throttlekit.adapters.httpx2` -- the same for ``httpx2.AsyncClient``,
+  which the OpenAI and Anthropic SDKs send through
+  (``pip install "throttlekit-http[httpx2]"``);
 * :mod:`throttlekit.adapters.aiohttp` -- a client middleware for
   ``aiohttp.ClientSession`` (``pip install "throttlekit-http[aiohttp]"``);
 * :mod:`throttlekit.adapters.requests` -- ``ThrottledAdapter`` for

@@ -30,34 +30,32 @@ Usage::
 
 For the synchronous ``httpx.Client``, :class:`SyncThrottledTransport` does
 the same with a :class:`~throttlekit.SyncLimiter` (one client may be shared
-by many threads); :func:`sync_client` builds such a client.
+by many threads); :func:`sync_client` builds such a client. The same
+transport for httpx2 (the fork that the OpenAI and Anthropic SDKs send
+through) is :mod:`throttlekit.adapters.httpx2`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any
-
-import anyio
 
 from .._limiter import Limiter
 from .._sync import SyncLimiter
 from ._common import (
     ConsumedHook,
-    HeldPermit,
     SyncHeldPermit,
     body_too_large,
     check_budgets,
-    content_length,
     is_json,
     json_body,
     missing_extra,
-    options,
     throttling,
     token_usage,
 )
+from ._transport import TRANSPORT_OPTIONS, AsyncThrottling, Library, make_client
 
 try:
     import httpx
@@ -73,11 +71,8 @@ __all__ = [
     "token_usage",
 ]
 
-#: Keyword arguments of :func:`client` that configure the inner transport.
-_TRANSPORT_OPTIONS = ("verify", "cert", "trust_env", "http1", "http2", "limits", "proxy")
 
-
-class ThrottledTransport(httpx.AsyncBaseTransport):
+class ThrottledTransport(AsyncThrottling, httpx.AsyncBaseTransport):
     """An ``httpx`` async transport that throttles every request through a limiter.
 
     :param limiter: decides when each request may be sent.
@@ -112,6 +107,10 @@ class ThrottledTransport(httpx.AsyncBaseTransport):
     ``await response.aclose()``), as httpx asks anyway -- an unclosed
     response keeps its slot.
 
+    A 429 or 503 with a small JSON body (a stated ``Content-Length`` of at
+    most 16 KiB) is read in the transport, for the wait it may state
+    (Gemini's ``RetryInfo``; see :func:`throttlekit.headers.wants_body`).
+
     Exceptions from the limiter (:class:`~throttlekit.Overloaded`) and from
     the inner transport propagate unchanged; the latter are recorded first,
     so timeouts and connection errors feed the scope's backoff. A failure
@@ -125,6 +124,8 @@ class ThrottledTransport(httpx.AsyncBaseTransport):
             await client.get(url, extensions={"throttling_scopes": {"api-budget": 2.0}})
     """
 
+    library = Library(httpx)
+
     def __init__(
         self,
         limiter: Limiter,
@@ -133,163 +134,7 @@ class ThrottledTransport(httpx.AsyncBaseTransport):
         budgets: Mapping[str, str] | None = None,
         consumed: ConsumedHook | None = None,
     ) -> None:
-        if not isinstance(limiter, Limiter):
-            raise TypeError(f"limiter must be a throttlekit.Limiter, got {limiter!r}")
-        if consumed is not None and not callable(consumed):
-            raise TypeError(f"consumed must be callable or None, got {consumed!r}")
-        self._budgets = check_budgets(budgets)
-        self._consumed = consumed
-        if transport is None:
-            transport = httpx.AsyncHTTPTransport()
-        elif not isinstance(transport, httpx.AsyncBaseTransport):
-            raise TypeError(f"transport must be an httpx.AsyncBaseTransport, got {transport!r}")
-        self._limiter = limiter
-        self._transport = transport
-
-    def __repr__(self) -> str:
-        return f"<ThrottledTransport {self._limiter!r} over {self._transport!r}>"
-
-    @property
-    def limiter(self) -> Limiter:
-        """The limiter that throttles this transport's requests."""
-        return self._limiter
-
-    @property
-    def transport(self) -> httpx.AsyncBaseTransport:
-        """The wrapped transport that sends the requests."""
-        return self._transport
-
-    async def __aenter__(self) -> ThrottledTransport:
-        await self._transport.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_value: BaseException | None = None,
-        traceback: TracebackType | None = None,
-    ) -> None:
-        await self._transport.__aexit__(exc_type, exc_value, traceback)
-
-    async def aclose(self) -> None:
-        """Close the inner transport."""
-        await self._transport.aclose()
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Wait for a permit, send ``request`` through the inner transport, record how it went.
-
-        The returned response's stream gives the permit back when it is closed.
-        """
-        settings = options()
-        extensions = request.extensions
-        priority = extensions.get("throttling_priority", settings.priority)
-        scopes = None if "throttling_scopes" in extensions else settings.scopes
-        held = await HeldPermit.acquire(self._limiter, request, priority=priority, scopes=scopes)
-        try:
-            permit = held.permit
-            sent = anyio.current_time()
-            try:
-                response = await self._transport.handle_async_request(request)
-            except Exception as exc:
-                permit.record(
-                    exception=exc,
-                    latency=anyio.current_time() - sent,
-                    adjust_delay=settings.adjust_delay,
-                )
-                raise
-            latency = anyio.current_time() - sent
-            consumed = None
-            if self._consumed is not None:
-                body = None
-                if is_json(response.headers) and not body_too_large(response.headers):
-                    try:
-                        body = await _read_json(response)
-                    except Exception as exc:
-                        permit.record(exception=exc, adjust_delay=False)
-                        raise
-                consumed = self._consumed(response, body)
-            permit.record(
-                response,
-                latency=latency,
-                size=content_length(response.headers),
-                adjust_delay=settings.adjust_delay,
-                consumed=consumed,
-                budgets=self._budgets,
-            )
-            stream = response.stream
-            if not isinstance(stream, httpx.AsyncByteStream):
-                raise TypeError(
-                    f"the inner transport returned a response without an async stream: {stream!r}"
-                )
-            response.stream = _ReleasingStream(stream, held)
-        except BaseException:
-            await held.release()
-            raise
-        return response
-
-
-async def _read_json(response: httpx.Response) -> Any:
-    """Read a JSON body in the transport; the response keeps the same bytes to give on."""
-    stream = response.stream
-    if not isinstance(stream, httpx.AsyncByteStream):
-        return None
-    try:
-        raw = b"".join([chunk async for chunk in stream])
-    finally:
-        await stream.aclose()
-    response.stream = httpx.ByteStream(raw)
-    # The raw bytes may be compressed: decode them as the client will.
-    decoded = httpx.Response(
-        response.status_code, headers=response.headers, stream=httpx.ByteStream(raw)
-    ).read()
-    return json_body(decoded)
-
-
-class _ReleasingStream(httpx.AsyncByteStream):
-    """A response body that gives its permit back when it is closed."""
-
-    __slots__ = ("_held", "_stream")
-
-    def __init__(self, stream: httpx.AsyncByteStream, held: HeldPermit) -> None:
-        self._stream = stream
-        self._held = held
-
-    def __repr__(self) -> str:
-        return f"<_ReleasingStream {self._held!r}>"
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        # A plain iterator, not an async generator: nothing to finalize when
-        # the reader stops early, so no extra "never exhausted" warnings.
-        return _Chunks(self._stream.__aiter__(), self._held)
-
-    async def aclose(self) -> None:
-        try:
-            await self._stream.aclose()
-        finally:
-            await self._held.release()
-
-
-class _Chunks:
-    """Iterates a response body; records a failure that ends it early."""
-
-    __slots__ = ("_chunks", "_held")
-
-    def __init__(self, chunks: AsyncIterator[bytes], held: HeldPermit) -> None:
-        self._chunks = chunks
-        self._held = held
-
-    def __aiter__(self) -> _Chunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self._chunks.__anext__()
-        except StopAsyncIteration:
-            raise
-        except Exception as exc:
-            if not self._held.released:
-                self._held.permit.record(exception=exc, adjust_delay=False)
-            raise
+        super().__init__(limiter, transport, budgets=budgets, consumed=consumed)
 
 
 def client(
@@ -320,21 +165,8 @@ def client(
         async with throttlekit.adapters.httpx.client(limiter, http2=True, timeout=10) as client:
             response = await client.get("https://example.com/")
     """
-    if "transport" in kwargs:
-        raise TypeError(
-            "client() builds its own transport; pass "
-            "ThrottledTransport(limiter, your_transport) to httpx.AsyncClient instead"
-        )
-    options = {name: kwargs.pop(name) for name in _TRANSPORT_OPTIONS if name in kwargs}
-    if "trust_env" in options:
-        kwargs["trust_env"] = options["trust_env"]
-    transport = ThrottledTransport(
-        Limiter() if limiter is None else limiter,
-        httpx.AsyncHTTPTransport(**options),
-        budgets=budgets,
-        consumed=consumed,
-    )
-    return httpx.AsyncClient(transport=transport, **kwargs)
+    made: httpx.AsyncClient = make_client(ThrottledTransport, limiter, budgets, consumed, kwargs)
+    return made
 
 
 # -- the synchronous client ------------------------------------------------------------
@@ -507,7 +339,7 @@ def sync_client(
             "sync_client() builds its own transport; pass "
             "SyncThrottledTransport(limiter, your_transport) to httpx.Client instead"
         )
-    options = {name: kwargs.pop(name) for name in _TRANSPORT_OPTIONS if name in kwargs}
+    options = {name: kwargs.pop(name) for name in TRANSPORT_OPTIONS if name in kwargs}
     if "trust_env" in options:
         kwargs["trust_env"] = options["trust_env"]
     transport = SyncThrottledTransport(

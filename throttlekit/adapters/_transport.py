@@ -1,0 +1,279 @@
+"""The throttling transport of httpx and of httpx2, written once against the library given.
+
+httpx2 is a fork of httpx with the same API under another module name. Each
+public adapter module (:mod:`throttlekit.adapters.httpx`,
+:mod:`throttlekit.adapters.httpx2`) imports its own library, describes it
+with :class:`Library` and subclasses :class:`AsyncThrottling` together with
+that library's ``AsyncBaseTransport``; everything else lives here and never
+imports either library, so each adapter works with its library alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from types import ModuleType, TracebackType
+from typing import Any, ClassVar, TypeVar
+
+import anyio
+
+from .._limiter import Limiter
+from ..headers import wants_body
+from ._common import (
+    ConsumedHook,
+    HeldPermit,
+    body_too_large,
+    check_budgets,
+    content_length,
+    is_json,
+    json_body,
+    options,
+)
+
+__all__ = ["AsyncThrottling", "Library", "make_client"]
+
+_T = TypeVar("_T", bound="AsyncThrottling")
+
+#: Keyword arguments of ``client()`` that configure the inner transport.
+TRANSPORT_OPTIONS = ("verify", "cert", "trust_env", "http1", "http2", "limits", "proxy")
+
+
+class _ReleasingStream:
+    """A response body that gives its permit back when it is closed.
+
+    :class:`Library` makes it a subclass of its module's ``AsyncByteStream``,
+    which the client checks a response's stream against.
+    """
+
+    __slots__ = ("_held", "_stream")
+
+    def __init__(self, stream: Any, held: HeldPermit) -> None:
+        self._stream = stream
+        self._held = held
+
+    def __repr__(self) -> str:
+        return f"<_ReleasingStream {self._held!r}>"
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # A plain iterator, not an async generator: nothing to finalize when
+        # the reader stops early, so no extra "never exhausted" warnings.
+        return _Chunks(self._stream.__aiter__(), self._held)
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            await self._held.release()
+
+
+class _Chunks:
+    """Iterates a response body; records a failure that ends it early."""
+
+    __slots__ = ("_chunks", "_held")
+
+    def __init__(self, chunks: AsyncIterator[bytes], held: HeldPermit) -> None:
+        self._chunks = chunks
+        self._held = held
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            raise
+        except Exception as exc:
+            if not self._held.released:
+                self._held.permit.record(exception=exc, adjust_delay=False)
+            raise
+
+
+class Library:
+    """What the transport needs of httpx or httpx2: its module and its stream class.
+
+    :param module: the imported ``httpx`` or ``httpx2`` module.
+    """
+
+    __slots__ = ("module", "name", "releasing_stream")
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+        self.name = module.__name__
+        self.releasing_stream: type[Any] = type(
+            "_ReleasingStream", (_ReleasingStream, module.AsyncByteStream), {"__slots__": ()}
+        )
+
+    def __repr__(self) -> str:
+        return f"<Library {self.name}>"
+
+    async def read_body(self, response: Any) -> bytes | None:
+        """Read a body in the transport, decoded; the response keeps the same bytes to give on."""
+        module = self.module
+        stream = response.stream
+        if not isinstance(stream, module.AsyncByteStream):
+            return None
+        try:
+            raw = b"".join([chunk async for chunk in stream])
+        finally:
+            await stream.aclose()
+        response.stream = module.ByteStream(raw)
+        # The raw bytes may be compressed: decode them as the client will.
+        decoded = module.Response(
+            response.status_code, headers=response.headers, stream=module.ByteStream(raw)
+        ).read()
+        return bytes(decoded)
+
+
+class AsyncThrottling:
+    """The async transport's work, shared by httpx and httpx2 (see the modules' classes).
+
+    A subclass sets :attr:`library` and also derives from that library's
+    ``AsyncBaseTransport``.
+    """
+
+    library: ClassVar[Library]
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        transport: Any = None,
+        *,
+        budgets: Mapping[str, str] | None = None,
+        consumed: ConsumedHook | None = None,
+    ) -> None:
+        module = self.library.module
+        if not isinstance(limiter, Limiter):
+            raise TypeError(f"limiter must be a throttlekit.Limiter, got {limiter!r}")
+        if consumed is not None and not callable(consumed):
+            raise TypeError(f"consumed must be callable or None, got {consumed!r}")
+        self._budgets = check_budgets(budgets)
+        self._consumed = consumed
+        if transport is None:
+            transport = module.AsyncHTTPTransport()
+        elif not isinstance(transport, module.AsyncBaseTransport):
+            raise TypeError(
+                f"transport must be an {self.library.name}.AsyncBaseTransport, got {transport!r}"
+            )
+        self._limiter = limiter
+        self._transport = transport
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._limiter!r} over {self._transport!r}>"
+
+    @property
+    def limiter(self) -> Limiter:
+        """The limiter that throttles this transport's requests."""
+        return self._limiter
+
+    @property
+    def transport(self) -> Any:
+        """The wrapped transport that sends the requests."""
+        return self._transport
+
+    async def __aenter__(self: _T) -> _T:
+        await self._transport.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self._transport.__aexit__(exc_type, exc_value, traceback)
+
+    async def aclose(self) -> None:
+        """Close the inner transport."""
+        await self._transport.aclose()
+
+    async def handle_async_request(self, request: Any) -> Any:
+        """Wait for a permit, send ``request`` through the inner transport, record how it went.
+
+        The returned response's stream gives the permit back when it is closed.
+        """
+        settings = options()
+        extensions = request.extensions
+        priority = extensions.get("throttling_priority", settings.priority)
+        scopes = None if "throttling_scopes" in extensions else settings.scopes
+        held = await HeldPermit.acquire(self._limiter, request, priority=priority, scopes=scopes)
+        try:
+            permit = held.permit
+            sent = anyio.current_time()
+            try:
+                response = await self._transport.handle_async_request(request)
+            except Exception as exc:
+                permit.record(
+                    exception=exc,
+                    latency=anyio.current_time() - sent,
+                    adjust_delay=settings.adjust_delay,
+                )
+                raise
+            latency = anyio.current_time() - sent
+            consumed, body = await self._read(response, permit)
+            permit.record(
+                response,
+                latency=latency,
+                size=content_length(response.headers),
+                adjust_delay=settings.adjust_delay,
+                consumed=consumed,
+                budgets=self._budgets,
+                body=body,
+            )
+            stream = response.stream
+            if not isinstance(stream, self.library.module.AsyncByteStream):
+                raise TypeError(
+                    f"the inner transport returned a response without an async stream: {stream!r}"
+                )
+            response.stream = self.library.releasing_stream(stream, held)
+        except BaseException:
+            await held.release()
+            raise
+        return response
+
+    async def _read(self, response: Any, permit: Any) -> tuple[Any, bytes | None]:
+        """Read the body where needed: the consumed hook's result, and a 429's small body.
+
+        A JSON body (up to 8 MiB) is read for a consumed hook; a 429 or 503
+        body that may state its wait (:func:`~throttlekit.headers.wants_body`)
+        is read to be recorded. Other bodies (streams) are left alone.
+        """
+        headers = response.headers
+        for_hook = self._consumed is not None and is_json(headers) and not body_too_large(headers)
+        for_wait = wants_body(response.status_code, headers)
+        raw = None
+        if for_hook or for_wait:
+            try:
+                raw = await self.library.read_body(response)
+            except Exception as exc:
+                permit.record(exception=exc, adjust_delay=False)
+                raise
+        consumed = None
+        if self._consumed is not None:
+            consumed = self._consumed(response, json_body(raw) if for_hook and raw else None)
+        return consumed, raw if for_wait else None
+
+
+def make_client(
+    cls: type[AsyncThrottling],
+    limiter: Limiter | None,
+    budgets: Mapping[str, str] | None,
+    consumed: ConsumedHook | None,
+    kwargs: dict[str, Any],
+) -> Any:
+    """An ``AsyncClient`` of ``cls``'s library sending through a new ``cls`` transport."""
+    module = cls.library.module
+    if "transport" in kwargs:
+        raise TypeError(
+            "client() builds its own transport; pass "
+            f"{cls.__name__}(limiter, your_transport) to {cls.library.name}.AsyncClient instead"
+        )
+    transport_options = {name: kwargs.pop(name) for name in TRANSPORT_OPTIONS if name in kwargs}
+    if "trust_env" in transport_options:
+        kwargs["trust_env"] = transport_options["trust_env"]
+    transport = cls(
+        Limiter() if limiter is None else limiter,
+        module.AsyncHTTPTransport(**transport_options),
+        budgets=budgets,
+        consumed=consumed,
+    )
+    return module.AsyncClient(transport=transport, **kwargs)
