@@ -7,7 +7,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,7 @@ import anyio
 import attrs
 
 from .. import scopes as _scopes
+from ..headers import wants_body
 
 if TYPE_CHECKING:
     from .._controller import Feedback
@@ -32,6 +33,7 @@ __all__ = [
     "json_body",
     "missing_extra",
     "options",
+    "read_for_feedback",
     "throttling",
     "token_usage",
 ]
@@ -334,6 +336,41 @@ def body_too_large(headers: Any) -> bool:
     """Whether a response is too large to read for a consumed hook (by ``Content-Length``)."""
     length = content_length(headers)
     return length is not None and length > MAX_JSON_BODY
+
+
+async def read_for_feedback(
+    response: Any,
+    status: int,
+    read: Callable[[], Awaitable[bytes | None]],
+    consumed: ConsumedHook | None,
+    permit: Permit,
+) -> tuple[Mapping[str, float] | None, bytes | None]:
+    """Read a response's body where feedback needs it, in an adapter.
+
+    A JSON body (up to :data:`MAX_JSON_BODY`) is read for a ``consumed``
+    hook, and a 429 or 503 body that may state its wait
+    (:func:`throttlekit.headers.wants_body`) to be recorded; other bodies
+    (streams) are not read. ``read()`` reads the whole body (decoded) so
+    that the client can read it again, or gives ``None``. A failure to read
+    is recorded, then raised.
+
+    :returns: the hook's result (``None`` without a hook) and the body to
+        record with :meth:`Permit.record <throttlekit.Permit.record>` (or ``None``).
+    """
+    headers = response.headers
+    for_hook = consumed is not None and is_json(headers) and not body_too_large(headers)
+    for_wait = wants_body(status, headers)
+    raw = None
+    if for_hook or for_wait:
+        try:
+            raw = await read()
+        except Exception as exc:
+            permit.record(exception=exc, adjust_delay=False)
+            raise
+    costs = None
+    if consumed is not None:
+        costs = consumed(response, json_body(raw) if for_hook and raw else None)
+    return costs, raw if for_wait else None
 
 
 def token_usage(scope: str) -> Callable[[Any, Any], dict[str, float] | None]:

@@ -17,16 +17,13 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 
 from .._limiter import Limiter
-from ..headers import wants_body
 from ._common import (
     ConsumedHook,
     HeldPermit,
-    body_too_large,
     check_budgets,
     content_length,
-    is_json,
-    json_body,
     options,
+    read_for_feedback,
 )
 
 __all__ = ["AsyncThrottling", "Library", "make_client"]
@@ -209,7 +206,13 @@ class AsyncThrottling:
                 )
                 raise
             latency = anyio.current_time() - sent
-            consumed, body = await self._read(response, permit)
+            consumed, body = await read_for_feedback(
+                response,
+                response.status_code,
+                lambda: self.library.read_body(response),
+                self._consumed,
+                permit,
+            )
             permit.record(
                 response,
                 latency=latency,
@@ -229,28 +232,6 @@ class AsyncThrottling:
             await held.release()
             raise
         return response
-
-    async def _read(self, response: Any, permit: Any) -> tuple[Any, bytes | None]:
-        """Read the body where needed: the consumed hook's result, and a 429's small body.
-
-        A JSON body (up to 8 MiB) is read for a consumed hook; a 429 or 503
-        body that may state its wait (:func:`~throttlekit.headers.wants_body`)
-        is read to be recorded. Other bodies (streams) are left alone.
-        """
-        headers = response.headers
-        for_hook = self._consumed is not None and is_json(headers) and not body_too_large(headers)
-        for_wait = wants_body(response.status_code, headers)
-        raw = None
-        if for_hook or for_wait:
-            try:
-                raw = await self.library.read_body(response)
-            except Exception as exc:
-                permit.record(exception=exc, adjust_delay=False)
-                raise
-        consumed = None
-        if self._consumed is not None:
-            consumed = self._consumed(response, json_body(raw) if for_hook and raw else None)
-        return consumed, raw if for_wait else None
 
 
 def make_client(

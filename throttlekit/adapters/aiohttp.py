@@ -46,13 +46,11 @@ from .._limiter import Limiter
 from ._common import (
     ConsumedHook,
     HeldPermit,
-    body_too_large,
     check_budgets,
     content_length,
-    is_json,
-    json_body,
     missing_extra,
     options,
+    read_for_feedback,
     throttling,
     token_usage,
 )
@@ -155,16 +153,9 @@ class ThrottlingMiddleware:
                     )
                 raise
             latency = anyio.current_time() - sent
-            consumed = None
-            if self._consumed is not None:
-                body = None
-                if is_json(response.headers) and not body_too_large(response.headers):
-                    try:
-                        body = json_body(await response.read())
-                    except Exception as exc:
-                        permit.record(exception=exc, adjust_delay=False)
-                        raise
-                consumed = self._consumed(response, body)
+            consumed, body = await read_for_feedback(
+                response, response.status, response.read, self._consumed, permit
+            )
             permit.record(
                 response,
                 latency=latency,
@@ -172,6 +163,7 @@ class ThrottlingMiddleware:
                 adjust_delay=settings.adjust_delay,
                 consumed=consumed,
                 budgets=self._budgets,
+                body=body,
             )
             connection = response.connection
         except BaseException:

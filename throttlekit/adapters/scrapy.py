@@ -105,6 +105,7 @@ from .._errors import ScopeStalled
 from .._limiter import Limiter
 from .._policy import ScopePolicy
 from .._settings import DEFAULT_SETTINGS, check_setting_names
+from ..headers import wants_body
 from ._common import HeldPermit, missing_extra
 
 try:
@@ -492,6 +493,8 @@ class ThrottlingMiddleware:
                     latency=request.meta.get("download_latency"),
                     size=len(response.body),
                     adjust_delay=self._adjusts_delay(request),
+                    # A 429's small JSON body may state the wait (Gemini).
+                    body=response.body if wants_body(response.status, response.headers) else None,
                 )
                 self._count_backoff_signal(held, feedback)
                 self.stats.inc_value(f"throttlekit/response_status_count/{response.status}")
