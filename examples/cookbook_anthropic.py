@@ -66,7 +66,7 @@ async def ask(client: anthropic.AsyncAnthropic, prompt: str, max_tokens: int = 5
     """One message, declared as 1 request and its expected tokens (4 characters a token)."""
     with throttling(scopes={HOST: 1, TOKENS: len(prompt) // 4 + max_tokens}):
         message = await client.messages.create(
-            model="claude-sonnet-4-5",
+            model="claude-sonnet-5",
             max_tokens=max_tokens,
             messages=[{"role": "user", "content": prompt}],
         )

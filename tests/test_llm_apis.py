@@ -1,14 +1,17 @@
 """End to end: an LLM-style API with a requests and a tokens budget, called by the real
-``openai`` SDK through ``ThrottledTransport`` and by plain aiohttp through the middleware.
+``openai`` and ``anthropic`` SDKs through the httpx2 ``ThrottledTransport`` (the SDKs'
+own HTTP library), by httpx through its transport and by plain aiohttp through the middleware.
 
 The local server (:class:`LLMAPI`) enforces N requests per sliding window and a
 token budget per sliding window, answers 429 with ``retry-after-ms`` and
-OpenAI's ``x-ratelimit-*`` headers, and reports every answer's token ``usage``.
+OpenAI's ``x-ratelimit-*`` headers (or, as Anthropic, ``retry-after`` and
+``anthropic-ratelimit-*``), and reports every answer's token ``usage``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import importlib
 import json
 import math
@@ -21,12 +24,15 @@ from typing import Any
 import aiohttp
 import anyio
 import httpx
+import httpx2
 import pytest
 from _server import Hit, LocalServer, Reply, Script, Stream
 from aiohttp import web
 
 import throttlekit
 from throttlekit.adapters import aiohttp as aiohttp_adapter
+from throttlekit.adapters import httpx as httpx_adapter
+from throttlekit.adapters import httpx2 as httpx2_adapter
 from throttlekit.adapters.httpx import ThrottledTransport, throttling, token_usage
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -36,19 +42,33 @@ COMPLETION_TOKENS = 40
 USED = PROMPT_TOKENS + COMPLETION_TOKENS
 
 
-def load_recipe() -> Any:
+def load_recipe(name: str = "cookbook_openai") -> Any:
     if str(EXAMPLES) not in sys.path:
         sys.path.insert(0, str(EXAMPLES))
-    return importlib.import_module("cookbook_openai")
+    return importlib.import_module(name)
+
+
+def rfc3339(seconds_from_now: float) -> str:
+    """A wall-clock time ``seconds_from_now`` away, as Anthropic writes its resets."""
+    moment = datetime.datetime.fromtimestamp(time.time() + seconds_from_now, datetime.timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class LLMAPI:
-    """``requests`` per sliding ``window`` and ``tokens`` per sliding ``window``, OpenAI-style."""
+    """``requests`` per sliding ``window`` and ``tokens`` per sliding ``window``.
 
-    def __init__(self, *, requests: int, tokens: int, window: float) -> None:
+    ``dialect="openai"`` answers as OpenAI's chat completions (``x-ratelimit-*``,
+    ``retry-after-ms``), ``"anthropic"`` as Anthropic's messages
+    (``anthropic-ratelimit-*`` with RFC 3339 resets, ``retry-after`` in seconds).
+    """
+
+    def __init__(
+        self, *, requests: int, tokens: int, window: float, dialect: str = "openai"
+    ) -> None:
         self.requests = requests
         self.tokens = tokens
         self.window = window
+        self.dialect = dialect
         self.sent: deque[float] = deque()  # when each accepted request arrived
         self.spent: deque[tuple[float, int]] = deque()  # (arrival, tokens) of each
         self.answers: list[tuple[float, int]] = []  # (arrival, status)
@@ -60,37 +80,48 @@ class LLMAPI:
             self.spent.popleft()
 
     def _reset(self, times: list[float], now: float) -> str:
-        """Time until the oldest use leaves the window, as a Go duration."""
+        """Time until the oldest use leaves the window, as a Go duration or an RFC 3339 time."""
         seconds = max(0.0, times[0] + self.window - now) if times else 0.0
+        if self.dialect == "anthropic":
+            return rfc3339(seconds)
         return f"{math.ceil(seconds * 1000)}ms"
 
-    async def respond(self, request: web.Request, hit: Hit) -> web.StreamResponse:
-        body = json.loads(await request.read()) if request.can_read_body else {}
-        now = time.monotonic()
-        self._expire(now)
-        used = sum(tokens for _, tokens in self.spent)
-        refused = len(self.sent) >= self.requests or used + USED > self.tokens
-        if not refused:
-            self.sent.append(now)
-            self.spent.append((now, USED))
-            used += USED
-        headers = {
+    def _headers(self, now: float, used: int) -> dict[str, str]:
+        requests_left = str(self.requests - len(self.sent))
+        requests_reset = self._reset(list(self.sent), now)
+        tokens_left = str(max(0, self.tokens - used))
+        tokens_reset = self._reset([at for at, _ in self.spent], now)
+        if self.dialect == "anthropic":
+            return {
+                "anthropic-ratelimit-requests-limit": str(self.requests),
+                "anthropic-ratelimit-requests-remaining": requests_left,
+                "anthropic-ratelimit-requests-reset": requests_reset,
+                "anthropic-ratelimit-tokens-limit": str(self.tokens),
+                "anthropic-ratelimit-tokens-remaining": tokens_left,
+                "anthropic-ratelimit-tokens-reset": tokens_reset,
+            }
+        return {
             "x-ratelimit-limit-requests": str(self.requests),
-            "x-ratelimit-remaining-requests": str(self.requests - len(self.sent)),
-            "x-ratelimit-reset-requests": self._reset(list(self.sent), now),
+            "x-ratelimit-remaining-requests": requests_left,
+            "x-ratelimit-reset-requests": requests_reset,
             "x-ratelimit-limit-tokens": str(self.tokens),
-            "x-ratelimit-remaining-tokens": str(max(0, self.tokens - used)),
-            "x-ratelimit-reset-tokens": self._reset([at for at, _ in self.spent], now),
+            "x-ratelimit-remaining-tokens": tokens_left,
+            "x-ratelimit-reset-tokens": tokens_reset,
         }
-        self.answers.append((now, 429 if refused else 200))
-        await asyncio.sleep(0.01)
-        if refused:
-            oldest = self.sent[0] if len(self.sent) >= self.requests else self.spent[0][0]
-            wait_ms = math.ceil(max(0.0, oldest + self.window - now) * 1000)
-            headers["retry-after-ms"] = str(wait_ms)
-            error = {"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}}
-            return web.json_response(error, status=429, headers=headers)
-        completion = {
+
+    def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.dialect == "anthropic":
+            return {
+                "id": f"msg_{len(self.answers)}",
+                "type": "message",
+                "role": "assistant",
+                "model": body.get("model", "claude"),
+                "content": [{"type": "text", "text": "Hello!"}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": COMPLETION_TOKENS},
+            }
+        return {
             "id": f"chatcmpl-{len(self.answers)}",
             "object": "chat.completion",
             "created": 1_700_000_000,
@@ -108,7 +139,30 @@ class LLMAPI:
                 "total_tokens": USED,
             },
         }
-        return web.json_response(completion, headers=headers)
+
+    async def respond(self, request: web.Request, hit: Hit) -> web.StreamResponse:
+        body = json.loads(await request.read()) if request.can_read_body else {}
+        now = time.monotonic()
+        self._expire(now)
+        used = sum(tokens for _, tokens in self.spent)
+        refused = len(self.sent) >= self.requests or used + USED > self.tokens
+        if not refused:
+            self.sent.append(now)
+            self.spent.append((now, USED))
+            used += USED
+        headers = self._headers(now, used)
+        self.answers.append((now, 429 if refused else 200))
+        await asyncio.sleep(0.01)
+        if refused:
+            oldest = self.sent[0] if len(self.sent) >= self.requests else self.spent[0][0]
+            wait = max(0.0, oldest + self.window - now)
+            if self.dialect == "anthropic":
+                headers["retry-after"] = str(math.ceil(wait))
+            else:
+                headers["retry-after-ms"] = str(math.ceil(wait * 1000))
+            error = {"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}}
+            return web.json_response(error, status=429, headers=headers)
+        return web.json_response(self._answer(body), headers=headers)
 
     def refusals_after(self, seconds: float) -> int:
         start = self.answers[0][0]
@@ -124,6 +178,13 @@ class LLMAPI:
 def least_time(calls: int, per_window: int, window: float) -> float:
     """The budget's shortest run: a full window between each batch of ``per_window``."""
     return (math.ceil(calls / per_window) - 1) * window
+
+
+#: The two client libraries of the one transport: (module, its adapter module).
+LIBRARIES = [
+    pytest.param((httpx, httpx_adapter), id="httpx"),
+    pytest.param((httpx2, httpx2_adapter), id="httpx2"),
+]
 
 
 @pytest.fixture
@@ -147,7 +208,7 @@ def test_openai_sdk_through_the_transport_keeps_within_both_budgets(
         limiter,
         api_key="sk-test",
         base_url=f"http://{API}/v1",
-        transport=httpx.AsyncHTTPTransport(proxy=llm_server.proxy_url),
+        transport=httpx2.AsyncHTTPTransport(proxy=llm_server.proxy_url),
     )
     prompts = [f"Say hello number {n:02d}, briefly, please {'.' * 200}" for n in range(50)]
     started = time.monotonic()
@@ -211,10 +272,11 @@ async def test_aiohttp_middleware_keeps_within_both_budgets(llm_server: LocalSer
     assert elapsed <= 1.15 * allowed, (elapsed, allowed)
 
 
+@pytest.mark.parametrize("library", LIBRARIES)
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 @pytest.mark.anyio
 async def test_without_a_limit_of_its_own_the_client_learns_from_the_headers(
-    llm_server: LocalServer,
+    llm_server: LocalServer, library: tuple[Any, Any]
 ) -> None:
     # A limiter that knows nothing of the server's budgets: the first refusals
     # and the x-ratelimit headers teach it; no call fails for good.
@@ -224,22 +286,23 @@ async def test_without_a_limit_of_its_own_the_client_learns_from_the_headers(
     limiter = throttlekit.Limiter(
         default=throttlekit.ScopePolicy(concurrency=None, delay=0, backoff=quick)
     )
-    transport = ThrottledTransport(
+    module, adapter = library
+    transport = adapter.ThrottledTransport(
         limiter,
-        httpx.AsyncHTTPTransport(proxy=llm_server.proxy_url),
+        module.AsyncHTTPTransport(proxy=llm_server.proxy_url),
         budgets={"tokens": "tokens"},
         consumed=token_usage("tokens"),
     )
     statuses: list[int] = []
 
-    async def call(client: httpx.AsyncClient) -> None:
+    async def call(client: Any) -> None:
         for _ in range(5):  # the client's own retry: through the limiter again
             response = await client.post(f"http://{API}/v1/chat/completions", json={})
             if response.status_code != 429:
                 statuses.append(response.status_code)
                 return
 
-    async with httpx.AsyncClient(transport=transport) as client, anyio.create_task_group() as tg:
+    async with module.AsyncClient(transport=transport) as client, anyio.create_task_group() as tg:
         for _ in range(12):
             tg.start_soon(call, client)
     assert statuses == [200] * 12
@@ -247,10 +310,11 @@ async def test_without_a_limit_of_its_own_the_client_learns_from_the_headers(
     assert api.refusals_after(0.5) == 0, api.answers
 
 
+@pytest.mark.parametrize("library", LIBRARIES)
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 @pytest.mark.anyio
 async def test_consumed_hook_reads_json_and_streams_still_release(
-    llm_server: LocalServer,
+    llm_server: LocalServer, library: tuple[Any, Any]
 ) -> None:
     llm_server.route(
         API,
@@ -271,10 +335,11 @@ async def test_consumed_hook_reads_json_and_streams_still_release(
         seen.append(body)
         return token_usage("tokens")(response, body)
 
-    transport = ThrottledTransport(
-        limiter, httpx.AsyncHTTPTransport(proxy=llm_server.proxy_url), consumed=consumed
+    module, adapter = library
+    transport = adapter.ThrottledTransport(
+        limiter, module.AsyncHTTPTransport(proxy=llm_server.proxy_url), consumed=consumed
     )
-    async with httpx.AsyncClient(transport=transport) as client:
+    async with module.AsyncClient(transport=transport) as client:
         with throttling(scopes={API: 1, "tokens": 100}):
             response = await client.get(f"http://{API}/json")
         assert response.json() == {"usage": {"input_tokens": 7, "output_tokens": 5}}
@@ -373,7 +438,7 @@ async def test_a_budget_around_sdk_calls_never_deadlocks(llm_server: LocalServer
         limiter,
         api_key="sk-test",
         base_url=f"http://{API}/v1",
-        transport=httpx.AsyncHTTPTransport(proxy=llm_server.proxy_url),
+        transport=httpx2.AsyncHTTPTransport(proxy=llm_server.proxy_url),
     )
     answers: list[str] = []
 
@@ -389,14 +454,20 @@ async def test_a_budget_around_sdk_calls_never_deadlocks(llm_server: LocalServer
     assert limiter.statistics().in_flight == 0
 
 
-def test_client_helper_passes_budgets_and_consumed() -> None:
-    from throttlekit.adapters.httpx import client
-
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_client_helper_passes_budgets_and_consumed(library: tuple[Any, Any]) -> None:
+    module, adapter = library
     hook = token_usage("t")
-    made = client(throttlekit.Limiter(), budgets={"tokens": "t"}, consumed=hook)
+    made = adapter.client(throttlekit.Limiter(), budgets={"tokens": "t"}, consumed=hook)
+    assert isinstance(made, module.AsyncClient)
     transport = made._transport
-    assert isinstance(transport, ThrottledTransport)
+    assert isinstance(transport, adapter.ThrottledTransport)
+    assert isinstance(transport, module.AsyncBaseTransport)
     assert (transport._budgets, transport._consumed) == ({"tokens": "t"}, hook)
+    with pytest.raises(TypeError, match="builds its own transport"):
+        adapter.client(transport=transport)
+    with pytest.raises(TypeError, match=f"{module.__name__}.AsyncBaseTransport"):
+        adapter.ThrottledTransport(throttlekit.Limiter(), object())
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
@@ -424,7 +495,7 @@ async def test_sdk_calls_give_up_on_a_long_block_with_max_stall(llm_server: Loca
         limiter,
         api_key="sk-test",
         base_url=f"http://{API}/v1",
-        transport=httpx.AsyncHTTPTransport(proxy=llm_server.proxy_url),
+        transport=httpx2.AsyncHTTPTransport(proxy=llm_server.proxy_url),
     )
     outcomes: list[str] = []
 
@@ -448,3 +519,193 @@ async def test_sdk_calls_give_up_on_a_long_block_with_max_stall(llm_server: Loca
     assert [hit.status for hit in llm_server.hits(API)] == [429]
     assert limiter.statistics().in_flight == 0
     assert limiter.statistics().waiting == 0
+
+
+# -- the Anthropic SDK, retry-after-ms, and waits stated in a 429's body ------------------
+
+
+@pytest.mark.slow
+def test_anthropic_sdk_through_the_transport_keeps_within_both_budgets(
+    llm_server: LocalServer,
+) -> None:
+    # The same as the OpenAI test with the real anthropic SDK (httpx2 underneath)
+    # and Anthropic's headers, on a quarter-second window to keep it short:
+    # 50 concurrent messages, 3 requests and 500 tokens per window, each call's
+    # estimate (112 tokens) corrected by its usage (60 in + 40 out).
+    recipe = load_recipe("cookbook_anthropic")
+    window = 0.25
+    api = LLMAPI(requests=3, tokens=500, window=window, dialect="anthropic")
+    llm_server.route(API, behaviour=api)
+    limiter = recipe.build_limiter(requests=3, tokens=500, window=window)
+    client = recipe.build_client(
+        limiter,
+        api_key="sk-ant-test",
+        base_url=f"http://{API}",
+        transport=httpx2.AsyncHTTPTransport(proxy=llm_server.proxy_url),
+    )
+    prompts = [f"Say hello number {n:02d}, briefly, please {'.' * 200}" for n in range(50)]
+    started = time.monotonic()
+    answers = anyio.run(recipe.ask_all, client, prompts)
+    elapsed = time.monotonic() - started
+    assert answers == ["Hello!"] * 50
+    assert api.accepted() == 50
+    assert api.refusals() == 0, api.answers
+    allowed = least_time(50, 3, window)
+    assert elapsed <= 1.15 * allowed * recipe.MARGIN, (elapsed, allowed)
+    stats = limiter.statistics().scopes
+    assert stats[recipe.TOKENS].quota_used <= 3 * USED
+    assert [hit.path for hit in llm_server.hits(API)] == ["/v1/messages"] * 50
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.anyio
+async def test_a_429_wait_is_honoured_once_by_the_sdk_and_the_other_calls(
+    llm_server: LocalServer, sdk: str
+) -> None:
+    # The first answer is a 429 asking for 500 ms (retry-after-ms, as OpenAI
+    # and Azure send it; Anthropic's SDK reads it too). The scope blocks for
+    # that long: the SDK's own retry and the nine calls waiting behind it
+    # arrive after it, about 500 ms later (the SDK's sleep overlaps the
+    # block instead of adding to it), and nothing is refused again.
+    import anthropic
+    import openai
+
+    error = {"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}}
+    block = Reply(
+        status=429,
+        body=json.dumps(error).encode(),
+        headers={"retry-after-ms": "500", "content-type": "application/json"},
+    )
+    dialect = "anthropic" if sdk == "anthropic" else "openai"
+    api = LLMAPI(requests=1000, tokens=1_000_000, window=1.0, dialect=dialect)
+    llm_server.route(API, behaviour=Script(block, then=api))
+    # Backoff honours the wait without stepping the delay up, so the gaps are the wait's.
+    honour = throttlekit.Backoff(headers_only=True)
+    limiter = throttlekit.Limiter(
+        default=throttlekit.ScopePolicy(concurrency=2, delay=0, backoff=honour)
+    )
+    http_client = httpx2.AsyncClient(
+        transport=httpx2_adapter.ThrottledTransport(
+            limiter, httpx2.AsyncHTTPTransport(proxy=llm_server.proxy_url)
+        )
+    )
+    answers: list[str] = []
+
+    if sdk == "openai":
+        oa = openai.AsyncOpenAI(
+            api_key="sk-test", base_url=f"http://{API}/v1", max_retries=2, http_client=http_client
+        )
+
+        async def call(n: int) -> None:
+            completion = await oa.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": f"hi {n}"}]
+            )
+            answers.append(completion.choices[0].message.content or "")
+
+        closing: Any = oa
+    else:
+        an = anthropic.AsyncAnthropic(
+            api_key="sk-ant-test", base_url=f"http://{API}", max_retries=2, http_client=http_client
+        )
+
+        async def call(n: int) -> None:
+            message = await an.messages.create(
+                model="m", max_tokens=10, messages=[{"role": "user", "content": f"hi {n}"}]
+            )
+            answers.append("".join(b.text for b in message.content if b.type == "text"))
+
+        closing = an
+    with anyio.fail_after(30):
+        async with closing, anyio.create_task_group() as tasks:
+            for n in range(10):
+                tasks.start_soon(call, n)
+    assert answers == ["Hello!"] * 10
+    hits = sorted(llm_server.hits(API), key=lambda hit: hit.arrived)
+    statuses = [hit.status for hit in hits]
+    # Two were sent at once (concurrency 2): the 429 and one answer; then the block.
+    assert statuses.count(429) == 1, statuses
+    assert statuses.count(200) == 10, statuses
+    refused = next(hit for hit in hits if hit.status == 429)
+    later = [hit.arrived - refused.arrived for hit in hits if hit.arrived > refused.arrived + 0.1]
+    assert len(later) >= 8, describe_gaps(hits)
+    assert 0.48 <= min(later) < 0.95, describe_gaps(hits)
+    assert limiter.statistics().scopes[API].last_signal == "429"
+
+
+def describe_gaps(hits: list[Any]) -> str:
+    start = hits[0].arrived
+    return ", ".join(f"{hit.status}@{hit.arrived - start:.3f}" for hit in hits)
+
+
+GEMINI_429 = {
+    "error": {
+        "code": 429,
+        "message": (
+            "You exceeded your current quota, please check your plan and billing details. "
+            "Please retry in 0.6s."
+        ),
+        "status": "RESOURCE_EXHAUSTED",
+        "details": [
+            {
+                "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                "violations": [{"quotaId": "GenerateRequestsPerMinutePerProjectPerModel"}],
+            },
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "0.5s"},
+        ],
+    }
+}
+
+
+async def _two_calls(adapter: str, limiter: throttlekit.Limiter, proxy: str) -> list[int]:
+    """Two calls in a row through one adapter; the statuses they got."""
+    url = f"http://{API}/v1beta/models/gemini:generateContent"
+    statuses = []
+    if adapter == "aiohttp":
+        throttle = aiohttp_adapter.middleware(limiter)
+        async with aiohttp.ClientSession(proxy=proxy, middlewares=(throttle,)) as session:
+            for _ in range(2):
+                async with session.post(url, json={}) as response:
+                    statuses.append(response.status)
+                    await response.read()
+        return statuses
+    module, transport_module = (
+        (httpx, httpx_adapter) if adapter == "httpx" else (httpx2, httpx2_adapter)
+    )
+    transport = transport_module.ThrottledTransport(limiter, module.AsyncHTTPTransport(proxy=proxy))
+    async with module.AsyncClient(transport=transport) as client:
+        for _ in range(2):
+            response = await client.post(url, json={})
+            statuses.append(response.status_code)
+            if response.status_code == 429:
+                assert response.json() == GEMINI_429  # the body read is still the client's
+    return statuses
+
+
+@pytest.mark.parametrize("adapter", ["httpx2", "httpx", "aiohttp"])
+@pytest.mark.parametrize("status", [429, 400])
+def test_a_429_body_that_states_the_wait_blocks_the_scope(
+    llm_server: LocalServer, adapter: str, status: int
+) -> None:
+    # Gemini sends no rate-limit header: its 429 says "retryDelay": "0.5s" and
+    # "Please retry in 0.6s" in a small JSON body. Every adapter hands that body
+    # to the limiter, which blocks the scope for the longer of the two. The
+    # same body on a 400 is not read for a wait.
+    refusal = Reply(
+        status=status,
+        body=json.dumps(GEMINI_429).encode(),
+        headers={"content-type": "application/json; charset=UTF-8"},
+    )
+    llm_server.route(API, behaviour=Script(refusal, then=Reply()))
+    honour = throttlekit.Backoff(headers_only=True)  # the wait, not a step of the delay
+    limiter = throttlekit.Limiter(
+        default=throttlekit.ScopePolicy(concurrency=None, delay=0, backoff=honour)
+    )
+    statuses = asyncio.run(_two_calls(adapter, limiter, llm_server.proxy_url))
+    assert statuses == [status, 200]
+    first, second = llm_server.hits(API)
+    gap = second.arrived - first.arrived
+    if status == 429:
+        assert 0.6 <= gap < 1.1, gap
+    else:
+        assert gap < 0.3, gap
