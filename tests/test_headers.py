@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 from scrapy.http import Headers as ScrapyHeaders
 
-from throttlekit.headers import EMPTY, RateLimitInfo, parse, parse_retry_after
+from throttlekit.headers import (
+    EMPTY,
+    RateLimitInfo,
+    parse,
+    parse_retry_after,
+    retry_after_counts,
+    wants_body,
+)
 
 #: Tue, 14 Nov 2023 22:13:20 GMT
 NOW = 1_700_000_000.0
@@ -1086,6 +1093,7 @@ HEADER_NAMES = st.sampled_from(
         "anthropic-ratelimit-tokens-remaining",
         "anthropic-ratelimit-output-tokens-remaining",
         "anthropic-ratelimit-output-tokens-reset",
+        "x-groq-region",
         "Content-Type",
     ]
 )
@@ -1142,6 +1150,10 @@ FRAGMENTS = st.sampled_from(
         ":",
         "99",
         "9999-12-31T23:59:59.999999999-23:59",
+        "-1",
+        ";window=",
+        "limit=120, remaining=4, reset=55",
+        "120;w=60",
     ]
 )
 HEADER_VALUES = st.one_of(
@@ -1191,3 +1203,677 @@ def test_parse_retry_after_never_raises(
 ) -> None:
     delay = parse_retry_after(value, now=now, date=date, max_delay=max_delay)
     assert delay is None or 0.0 <= delay <= max_delay
+
+
+# --- dialects: Groq, Azure OpenAI, waits in a 429's body, every RateLimit draft -----------
+
+GROQ = {
+    "x-groq-region": "fra",
+    "x-ratelimit-limit-requests": "14400",
+    "x-ratelimit-limit-tokens": "18000",
+    "x-ratelimit-remaining-requests": "14370",
+    "x-ratelimit-remaining-tokens": "17997",
+    "x-ratelimit-reset-requests": "2m59.56s",
+    "x-ratelimit-reset-tokens": "7.66s",
+}
+
+
+def gemini_body(retry_delay: str | None = "46s", message: str = "Please retry in 46.5s.") -> dict:
+    """A Gemini API 429 body (google.rpc.Status with RetryInfo), as its docs show it."""
+    details: list[dict[str, Any]] = [
+        {
+            "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+            "violations": [{"quotaMetric": "generate_content_free_tier_requests"}],
+        }
+    ]
+    if retry_delay is not None:
+        details.append(
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": retry_delay}
+        )
+    return {
+        "error": {
+            "code": 429,
+            "message": f"You exceeded your current quota. {message}",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": details,
+        }
+    }
+
+
+def as_json(document: object) -> bytes:
+    import json
+
+    return json.dumps(document).encode()
+
+
+DIALECT_CASES = [
+    # --- Groq: requests per day, tokens per minute ---------------------------------
+    pytest.param(
+        GROQ,
+        {},
+        expect(
+            source="groq",
+            budget="requests",
+            limit=14400.0,
+            remaining=14370.0,
+            reset=179.56,
+            window=86400.0,
+            budgets=("requests", "tokens"),
+        ),
+        id="groq-docs-example",
+    ),
+    pytest.param(
+        {key: value for key, value in GROQ.items() if key != "x-groq-region"},
+        {},
+        expect(
+            source="openai",
+            budget="requests",
+            limit=14400.0,
+            remaining=14370.0,
+            reset=179.56,
+            budgets=("requests", "tokens"),
+        ),
+        id="same-fields-without-groq-marker-are-openai",
+    ),
+    pytest.param(
+        {
+            "x-groq-region": "us",
+            "x-ratelimit-remaining-tokens": "0",
+            "x-ratelimit-reset-tokens": "7.66s",
+            "retry-after": "8",
+        },
+        {"status": 429},
+        expect(
+            source="groq",
+            budget="tokens",
+            remaining=0.0,
+            reset=7.66,
+            window=60.0,
+            retry_after=8.0,
+            budgets=("tokens",),
+        ),
+        id="groq-429-tokens-spent",
+    ),
+    # --- Azure OpenAI: -1 and 0 mean "not reported" --------------------------------
+    pytest.param(
+        {
+            "x-ratelimit-limit-tokens": "-1",
+            "x-ratelimit-remaining-tokens": "-1",
+            "x-ratelimit-reset-tokens": "0",
+        },
+        {},
+        expect(),
+        id="azure-responses-api-minus-one",
+    ),
+    pytest.param(
+        {
+            "x-ratelimit-limit-tokens": "-1",
+            "x-ratelimit-remaining-tokens": "0",
+            "x-ratelimit-reset-tokens": "0",
+            "x-ratelimit-remaining-requests": "19",
+        },
+        {},
+        expect(source="openai", budget="requests", remaining=19.0, budgets=("requests",)),
+        id="azure-unreported-tokens-beside-requests",
+    ),
+    pytest.param(
+        {"x-ratelimit-limit-requests": "0", "x-ratelimit-remaining-requests": "0"},
+        {},
+        expect(),
+        id="azure-limit-zero-is-unknown",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "0s"},
+        {},
+        expect(source="openai", budget="requests", reset=0.0, budgets=("requests",)),
+        id="azure-none-left-reset-now-is-not-spent",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"},
+        {},
+        expect(source="openai", budget="requests", remaining=0.0, reset=1.0, budgets=("requests",)),
+        id="openai-spent-is-still-spent",
+    ),
+    # --- RateLimit drafts -----------------------------------------------------------
+    pytest.param(
+        {"RateLimit-Limit": "10, 10;window=1, 50;window=60", "RateLimit-Remaining": "3"},
+        {},
+        legacy(limit=10.0, window=1.0, remaining=3.0),
+        id="draft-polli-00-window-param",
+    ),
+    pytest.param(
+        {
+            "RateLimit-Policy": "100;w=60",
+            "RateLimit-Limit": "100",
+            "RateLimit-Remaining": "99",
+            "RateLimit-Reset": "60",
+        },
+        {},
+        legacy(limit=100.0, window=60.0, remaining=99.0, reset=60.0),
+        id="draft-6-express-rate-limit",
+    ),
+    pytest.param(
+        {
+            "RateLimit-Policy": "10;w=1, 100;w=60",
+            "RateLimit-Limit": "100",
+            "RateLimit-Remaining": "40",
+            "RateLimit-Reset": "20",
+        },
+        {},
+        legacy(limit=100.0, window=60.0, remaining=40.0, reset=20.0),
+        id="draft-6-window-of-the-policy-that-is-the-limit",
+    ),
+    pytest.param(
+        {"RateLimit-Policy": "120;w=60", "RateLimit": "limit=120, remaining=4, reset=55"},
+        {},
+        legacy(limit=120.0, window=60.0, remaining=4.0, reset=55.0),
+        id="draft-7-issue-example",
+    ),
+    pytest.param(
+        {"RateLimit-Policy": "100;w=60, 1000;w=3600"},
+        {},
+        legacy(limit=1000.0, window=3600.0),
+        id="draft-7-policy-alone-slowest-rate",
+    ),
+    pytest.param(
+        {"RateLimit-Policy": "120;w=60", "RateLimit": "limit=90, remaining=4, reset=55"},
+        {},
+        legacy(limit=90.0, remaining=4.0, reset=55.0),
+        id="draft-7-no-policy-matches-the-limit",
+    ),
+    pytest.param(
+        {
+            "RateLimit-Policy": '"100-in-1min"; q=100; w=60; pk=:cHJvamVjdA==:',
+            "RateLimit": '"100-in-1min"; r=99; t=60',
+        },
+        {},
+        ietf(
+            policy="100-in-1min",
+            limit=100.0,
+            window=60.0,
+            remaining=99.0,
+            reset=60.0,
+            partition_key="project",
+            budgets=("100-in-1min",),
+        ),
+        id="draft-8-express-rate-limit",
+    ),
+    pytest.param(
+        {
+            "RateLimit-Policy": '"default";q=100;qu="requests";w=10',
+            "RateLimit": '"default";r=0;t=4',
+        },
+        {},
+        ietf(
+            policy="default",
+            limit=100.0,
+            window=10.0,
+            remaining=0.0,
+            reset=4.0,
+            budgets=("default",),
+        ),
+        id="draft-10-11-quota-unit",
+    ),
+    # --- X-RateLimit-Reset in all its forms --------------------------------------------
+    pytest.param({"X-RateLimit-Reset": "30"}, {}, x_ratelimit(reset=30.0), id="x-reset-delta"),
+    pytest.param(
+        {"X-RateLimit-Reset": "1700000030"}, {}, x_ratelimit(reset=30.0), id="x-reset-epoch"
+    ),
+    pytest.param(
+        {"X-RateLimit-Reset": "1700000030.5"},
+        {},
+        x_ratelimit(reset=30.5),
+        id="x-reset-epoch-float",
+    ),
+    pytest.param(
+        {"X-RateLimit-Reset": "1700000030500"},
+        {},
+        x_ratelimit(reset=30.5),
+        id="x-reset-epoch-ms",
+    ),
+    # --- Retry-After counts where HTTP defines it --------------------------------------
+    pytest.param({"Retry-After": "1"}, {"status": 200}, expect(), id="retry-after-on-200-ignored"),
+    pytest.param({"Retry-After": "1"}, {"status": 404}, expect(), id="retry-after-on-404-ignored"),
+    pytest.param(
+        {"Retry-After": "1", "X-RateLimit-Remaining": "5", "X-RateLimit-Reset": "30"},
+        {"status": 200},
+        x_ratelimit(remaining=5.0, reset=30.0),
+        id="retry-after-on-200-quota-kept",
+    ),
+    pytest.param(
+        {"retry-after-ms": "1500"}, {"status": 200}, expect(), id="retry-after-ms-on-200-ignored"
+    ),
+    pytest.param(
+        {"Retry-After": "1"}, {"status": 429}, expect(retry_after=1.0), id="retry-after-429"
+    ),
+    pytest.param(
+        {"Retry-After": "1"}, {"status": 503}, expect(retry_after=1.0), id="retry-after-503"
+    ),
+    pytest.param(
+        {"Retry-After": "1"}, {"status": 301}, expect(retry_after=1.0), id="retry-after-redirect"
+    ),
+    pytest.param(
+        {"Retry-After": "60", "X-RateLimit-Remaining": "4999"},
+        {"status": 403},
+        x_ratelimit(retry_after=60.0, remaining=4999.0),
+        id="retry-after-github-403",
+    ),
+    # --- a wait stated in a 429's body ----------------------------------------------
+    pytest.param(
+        None,
+        {"status": 429, "body": as_json(gemini_body())},
+        expect(retry_after=46.5),
+        id="gemini-429-longest-of-retryinfo-and-message",
+    ),
+    pytest.param(
+        {},
+        {"status": 429, "body": as_json(gemini_body(message="Please retry in 8.941621227s."))},
+        expect(retry_after=46.0),
+        id="gemini-retryinfo-longer-than-message",
+    ),
+    pytest.param(
+        {},
+        {"status": 503, "body": as_json(gemini_body("2.5s", "Try later."))},
+        expect(retry_after=2.5),
+        id="gemini-503",
+    ),
+    pytest.param(
+        {},
+        {"status": 429, "body": as_json([gemini_body("3s", "")])},
+        expect(retry_after=3.0),
+        id="gemini-stream-endpoint-list",
+    ),
+    pytest.param(
+        {}, {"status": 429, "body": gemini_body("4s", "")}, expect(retry_after=4.0), id="parsed"
+    ),
+    pytest.param(
+        {},
+        {"status": 429, "body": as_json(gemini_body()).decode()},
+        expect(retry_after=46.5),
+        id="gemini-body-as-text",
+    ),
+    pytest.param(
+        {"Retry-After": "2"},
+        {"status": 429, "body": as_json(gemini_body())},
+        expect(retry_after=2.0),
+        id="retry-after-header-wins-over-body",
+    ),
+    pytest.param(
+        {}, {"status": 400, "body": as_json(gemini_body())}, expect(), id="body-on-400-ignored"
+    ),
+    pytest.param(
+        {}, {"status": 200, "body": as_json(gemini_body())}, expect(), id="body-on-200-ignored"
+    ),
+    pytest.param({}, {"body": as_json(gemini_body())}, expect(), id="body-without-status-ignored"),
+    pytest.param(
+        {},
+        {"status": 429, "body": as_json(gemini_body(message="x" * 20_000))},
+        expect(),
+        id="body-over-16-kib-ignored",
+    ),
+    pytest.param(
+        {},
+        {
+            "status": 429,
+            "body": as_json(
+                {"error": {"message": "Rate limit reached. Please try again in 6m0s."}}
+            ),
+        },
+        expect(retry_after=MAX_DELAY),
+        id="openai-message-go-duration-clamped",
+    ),
+    pytest.param(
+        {},
+        {
+            "status": 429,
+            "body": as_json(
+                {"error": {"message": "exceeded token rate limit. Please retry after 37 seconds."}}
+            ),
+        },
+        expect(retry_after=37.0),
+        id="azure-message-retry-after-seconds",
+    ),
+    pytest.param({}, {"status": 429, "body": b"<html>429</html>"}, expect(), id="html-body"),
+    pytest.param({}, {"status": 429, "body": b"[" * 10_000}, expect(), id="deeply-nested"),
+    pytest.param(
+        {},
+        {"status": 429, "body": as_json(gemini_body("-5s", "Please retry in -5s"))},
+        expect(),
+        id="negative-delays-ignored",
+    ),
+    pytest.param(
+        {},
+        {"status": 429, "body": as_json(gemini_body("1e9s", "Please retry in nan s"))},
+        expect(),
+        id="malformed-delays-ignored",
+    ),
+]
+
+
+@pytest.mark.parametrize(("headers", "kwargs", "expected"), DIALECT_CASES)
+def test_dialects(headers: Any, kwargs: dict[str, Any], expected: dict[str, object]) -> None:
+    info = parse(headers, now=NOW, max_delay=MAX_DELAY, **kwargs)
+    actual = fields_of(info, expected)
+    for name in ("reset", "retry_after"):
+        if isinstance(actual.get(name), float):
+            actual[name] = pytest.approx(actual[name])
+    assert expected == actual
+
+
+def test_groq_budgets_keep_their_windows() -> None:
+    info = parse(GROQ, now=NOW)
+    requests, tokens = info.for_budget("requests"), info.for_budget("tokens")
+    assert requests is not None
+    assert tokens is not None
+    assert (requests.window, requests.limit) == (86400.0, 14400.0)
+    assert (tokens.window, tokens.limit, tokens.remaining) == (60.0, 18000.0, 17997.0)
+
+
+@pytest.mark.parametrize(
+    ("status", "counts"),
+    [
+        (None, True),
+        (200, False),
+        (204, False),
+        (301, True),
+        (307, True),
+        (400, False),
+        (403, True),
+        (404, False),
+        (429, True),
+        (500, False),
+        (502, False),
+        (503, True),
+    ],
+)
+def test_retry_after_counts(status: int | None, counts: bool) -> None:
+    assert retry_after_counts(status) is counts
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "wanted"),
+    [
+        (429, {"Content-Type": "application/json; charset=UTF-8", "Content-Length": "512"}, True),
+        (503, {"content-type": "application/problem+json", "content-length": "16384"}, True),
+        (429, {"content-type": "application/json", "content-length": "16385"}, False),
+        (429, {"content-type": "application/json"}, False),  # no length: may be a stream
+        (429, {"content-type": "text/event-stream", "content-length": "10"}, False),
+        (429, {"content-type": "text/html", "content-length": "10"}, False),
+        (429, {"content-length": "10"}, False),
+        (200, {"content-type": "application/json", "content-length": "10"}, False),
+        (400, {"content-type": "application/json", "content-length": "10"}, False),
+        (None, {"content-type": "application/json", "content-length": "10"}, False),
+        (429, {"content-type": "application/json", "content-length": "-1"}, False),
+        (429, {"content-type": "application/json", "content-length": "9" * 40}, False),
+        (429, httpx.Headers({"Content-Type": "application/json", "Content-Length": "9"}), True),
+        (429, ScrapyHeaders({"Content-Type": "application/json", "Content-Length": "9"}), True),
+        (429, CIMultiDict({"Content-Type": "application/json", "Content-Length": "9"}), True),
+        (429, None, False),
+    ],
+)
+def test_wants_body(status: int | None, headers: Any, wanted: bool) -> None:
+    assert wants_body(status, headers) is wanted
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"status": "429"}, TypeError),
+        ({"status": True}, TypeError),
+        ({"status": 429.0}, TypeError),
+        ({"body": 42}, TypeError),
+        ({"body": object()}, TypeError),
+    ],
+)
+def test_parse_checks_status_and_body(kwargs: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error, match=r"status|body"):
+        parse({}, now=NOW, **kwargs)
+
+
+# Generated cases: each dialect's rule holds for any values it may carry.
+
+COUNTS = st.integers(min_value=1, max_value=10**9)
+SECONDS = st.integers(min_value=0, max_value=10**6)
+STATUSES = st.one_of(st.none(), st.integers(min_value=100, max_value=599))
+
+
+def go_duration(milliseconds: int) -> str:
+    minutes, rest = divmod(milliseconds, 60_000)
+    return f"{minutes}m{rest / 1000:g}s" if minutes else f"{rest}ms"
+
+
+@settings(deadline=None)
+@given(
+    limit_requests=COUNTS,
+    limit_tokens=COUNTS,
+    data=st.data(),
+    reset_requests=st.integers(min_value=1, max_value=86_400_000),
+    reset_tokens=st.integers(min_value=1, max_value=60_000),
+    marker=st.booleans(),
+)
+def test_groq_generated(
+    limit_requests: int,
+    limit_tokens: int,
+    data: st.DataObject,
+    reset_requests: int,
+    reset_tokens: int,
+    marker: bool,
+) -> None:
+    left_requests = data.draw(st.integers(min_value=0, max_value=limit_requests))
+    left_tokens = data.draw(st.integers(min_value=0, max_value=limit_tokens))
+    headers = {
+        "x-ratelimit-limit-requests": str(limit_requests),
+        "x-ratelimit-remaining-requests": str(left_requests),
+        "x-ratelimit-reset-requests": go_duration(reset_requests),
+        "x-ratelimit-limit-tokens": str(limit_tokens),
+        "x-ratelimit-remaining-tokens": str(left_tokens),
+        "x-ratelimit-reset-tokens": go_duration(reset_tokens),
+    }
+    if marker:
+        headers["X-Groq-Region"] = "gcp-europe-west4"
+    info = parse(headers, now=NOW, max_delay=MAX_DELAY)
+    requests, tokens = info.for_budget("requests"), info.for_budget("tokens")
+    assert requests is not None
+    assert tokens is not None
+    assert info.source == ("groq" if marker else "openai")
+    assert requests.window == (86400.0 if marker else None)
+    assert tokens.window == (60.0 if marker else None)
+    assert (requests.limit, requests.remaining) == (limit_requests, left_requests)
+    assert (tokens.limit, tokens.remaining) == (limit_tokens, left_tokens)
+    assert requests.reset == pytest.approx(min(reset_requests / 1000, MAX_DELAY))
+
+
+@settings(deadline=None)
+@given(
+    limit=st.sampled_from(["-1", "0", None, "500"]),
+    remaining=st.sampled_from(["-1", "0", None, "7"]),
+    reset=st.sampled_from(["0", "0s", "0ms", None]),
+    other=st.booleans(),
+)
+def test_azure_unreported_budgets_are_never_spent(
+    limit: str | None, remaining: str | None, reset: str | None, other: bool
+) -> None:
+    headers = {
+        name: value
+        for name, value in (
+            ("x-ratelimit-limit-tokens", limit),
+            ("x-ratelimit-remaining-tokens", remaining),
+            ("x-ratelimit-reset-tokens", reset),
+        )
+        if value is not None
+    }
+    if other:
+        headers["x-ratelimit-remaining-requests"] = "3"
+    info = parse(headers, now=NOW, max_delay=MAX_DELAY, status=200)
+    tokens = info.for_budget("tokens")
+    unreported = "-1" in (limit, remaining) or limit == "0"
+    if unreported:
+        assert tokens is None
+    if tokens is not None:
+        # "0 left, reset now" is not a spent budget, and nothing asks to wait.
+        assert tokens.remaining != 0 or reset is None
+        assert not tokens.wait()
+    assert not info.wait()
+
+
+@settings(deadline=None)
+@given(
+    seconds=st.decimals(min_value=0, max_value=10**6, places=3, allow_nan=False),
+    in_message=st.booleans(),
+    status=STATUSES,
+    header=st.one_of(st.none(), SECONDS),
+    wrap=st.booleans(),
+    max_delay=st.floats(min_value=1.0, max_value=1e6),
+)
+def test_gemini_body_generated(
+    seconds: Any,
+    in_message: bool,
+    status: int | None,
+    header: int | None,
+    wrap: bool,
+    max_delay: float,
+) -> None:
+    text = f"{seconds.normalize():f}s"
+    document: Any = (
+        gemini_body(None, f"Please retry in {text}.") if in_message else gemini_body(text, "")
+    )
+    if wrap:
+        document = [document]
+    headers = {} if header is None else {"Retry-After": str(header)}
+    info = parse(headers, now=NOW, max_delay=max_delay, status=status, body=as_json(document))
+    if not retry_after_counts(status):
+        assert info.retry_after is None
+    elif header is not None:
+        assert info.retry_after == min(header, max_delay)
+    elif status in (429, 503):
+        assert info.retry_after == pytest.approx(min(float(seconds), max_delay))
+    else:
+        assert info.retry_after is None
+
+
+@settings(deadline=None)
+@given(
+    quota=COUNTS,
+    window=st.integers(min_value=1, max_value=10**6),
+    data=st.data(),
+    reset=st.integers(min_value=0, max_value=10**4),
+    draft=st.sampled_from(["00", "6", "7", "8", "10"]),
+)
+def test_every_draft_states_its_window(
+    quota: int, window: int, data: st.DataObject, reset: int, draft: str
+) -> None:
+    remaining = data.draw(st.integers(min_value=0, max_value=quota))
+    if draft == "00":
+        headers = {
+            "RateLimit-Limit": f"{quota}, {quota};window={window}",
+            "RateLimit-Remaining": str(remaining),
+            "RateLimit-Reset": str(reset),
+        }
+    elif draft == "6":
+        headers = {
+            "RateLimit-Policy": f"{quota};w={window}",
+            "RateLimit-Limit": str(quota),
+            "RateLimit-Remaining": str(remaining),
+            "RateLimit-Reset": str(reset),
+        }
+    elif draft == "7":
+        headers = {
+            "RateLimit-Policy": f"{quota};w={window}",
+            "RateLimit": f"limit={quota}, remaining={remaining}, reset={reset}",
+        }
+    else:
+        headers = {
+            "RateLimit-Policy": f'"p";q={quota};w={window}',
+            "RateLimit": f'"p";r={remaining};t={reset}',
+        }
+    info = parse(headers, now=NOW, max_delay=MAX_DELAY)
+    assert info.source == ("ietf" if draft in ("8", "10") else "ietf-legacy")
+    assert (info.limit, info.window, info.remaining) == (quota, window, remaining)
+    assert info.reset == min(reset, MAX_DELAY)
+
+
+@settings(deadline=None)
+@given(
+    delay=st.floats(min_value=0.0, max_value=1e5),
+    form=st.sampled_from(["delta", "epoch", "epoch-float", "epoch-ms"]),
+)
+def test_x_ratelimit_reset_in_every_form(delay: float, form: str) -> None:
+    if form == "delta":
+        value, expected = str(int(delay)), float(int(delay))
+    elif form == "epoch":
+        value, expected = str(int(NOW + delay)), float(int(NOW + delay) - NOW)
+    elif form == "epoch-float":
+        value, expected = f"{NOW + delay:.3f}", round(NOW + delay, 3) - NOW
+    else:
+        value, expected = str(int((NOW + delay) * 1000)), int((NOW + delay) * 1000) / 1000 - NOW
+    info = parse({"X-RateLimit-Reset": value}, now=NOW, max_delay=1e6)
+    assert info.reset == pytest.approx(max(0.0, expected), abs=1e-3)
+
+
+@settings(deadline=None)
+@given(status=STATUSES, value=SECONDS)
+def test_retry_after_counts_only_where_http_defines_it(status: int | None, value: int) -> None:
+    info = parse({"Retry-After": str(value)}, now=NOW, max_delay=1e6, status=status)
+    defined = status is None or status in (403, 429, 503) or 300 <= status < 400
+    assert info.retry_after == (value if defined else None)
+
+
+BODY_FRAGMENTS = st.sampled_from(
+    [
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        '"error"',
+        '"details"',
+        '"message"',
+        '"@type"',
+        '"type.googleapis.com/google.rpc.RetryInfo"',
+        '"retryDelay"',
+        '"46s"',
+        '"0.5s"',
+        '"-1s"',
+        '"1e400s"',
+        '"Please retry in 46s"',
+        '"try again in 6m0s"',
+        '"retry after 37 seconds"',
+        "null",
+        "1",
+        "true",
+        '"\\ud800"',
+    ]
+)
+BODIES = st.one_of(
+    st.none(),
+    st.binary(max_size=60),
+    st.text(max_size=60),
+    st.lists(BODY_FRAGMENTS, max_size=30).map("".join),
+    st.lists(BODY_FRAGMENTS, max_size=30).map(lambda parts: "".join(parts).encode()),
+    st.recursive(
+        st.one_of(st.none(), st.integers(), st.text(max_size=20)),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)
+        ),
+        max_leaves=12,
+    ).filter(lambda value: isinstance(value, (dict, list))),
+)
+
+
+@settings(deadline=None)
+@given(
+    pairs=st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=6),
+    status=STATUSES,
+    body=BODIES,
+    max_delay=MAX_DELAYS,
+)
+def test_parse_with_a_body_never_raises_and_bounds_delays(
+    pairs: list[tuple[str, str | bytes]], status: int | None, body: Any, max_delay: float
+) -> None:
+    info = parse(pairs, now=NOW, max_delay=max_delay, status=status, body=body)
+    for part in (info, *info.budgets):
+        for delay in (part.retry_after, part.reset, part.wait(), part.pace()):
+            assert delay is None or 0.0 <= delay <= max_delay
+    if not retry_after_counts(status):
+        assert info.retry_after is None
