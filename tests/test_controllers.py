@@ -814,3 +814,51 @@ def test_backoff_jitter_never_takes_a_gap_above_max_delay(backend: str) -> None:
     assert len(gaps) > 40
     assert max(gaps) <= 10.0 + 1e-9
     assert min(gaps[-20:]) < 9.9  # still jittered (downwards) at the cap
+
+
+# -- one reading of a response: every controller agrees on Retry-After ----------------------
+
+POLICIES_THAT_READ_HEADERS = {
+    "backoff": throttlekit.ScopePolicy(concurrency=None, delay=0),
+    "headers-only": throttlekit.ScopePolicy(
+        concurrency=None, delay=0, backoff=throttlekit.Backoff(headers_only=True)
+    ),
+    "adaptive": throttlekit.ScopePolicy(concurrency=16, delay=0, adaptive=throttlekit.Adaptive()),
+    "rampup": throttlekit.ScopePolicy(concurrency=None, delay=0, rampup=throttlekit.Rampup()),
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES_THAT_READ_HEADERS))
+@pytest.mark.parametrize(
+    ("status", "blocks"),
+    [
+        (200, False),
+        (204, False),
+        (404, False),
+        (500, False),
+        (429, True),
+        (503, True),
+        (403, True),
+        (301, True),
+    ],
+)
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.anyio
+async def test_retry_after_counts_where_http_defines_it_for_every_controller(
+    policy: str, status: int, blocks: bool
+) -> None:
+    # Frameworks that send Retry-After on every response (200s included) must
+    # not block the scope; on a 429, 503, redirect or 403 it blocks it, the
+    # same whichever controller runs the scope (they read one parse).
+    limiter = throttlekit.Limiter(default=POLICIES_THAT_READ_HEADERS[policy])
+    async with limiter.acquire("https://a.test/") as permit:
+        feedback = permit.record(status=status, headers={"Retry-After": "30"})
+    assert (feedback.rate_limit is not None and feedback.rate_limit.retry_after == 30.0) is blocks
+    stats = limiter.scope_statistics("a.test")
+    assert stats is not None
+    now = anyio.current_time()
+    assert (stats.blocked_until > now + 25) is blocks, stats
+    if not blocks:
+        with anyio.fail_after(1):
+            async with limiter.acquire("https://a.test/"):
+                pass
