@@ -404,7 +404,8 @@ class RateLimitInfo:
     ``now`` to :func:`parse`, already clamped to ``[0, max_delay]``.
 
     :ivar retry_after: seconds to wait before the next request, from
-        ``Retry-After-Ms`` or ``Retry-After``.
+        ``Retry-After-Ms`` or ``Retry-After`` (on the statuses that define
+        it, when the status is known), else from a 429's body.
     :ivar reset: seconds until the current quota window resets.
     :ivar remaining: requests (or quota units) left in the current window,
         ``>= 0``.
@@ -414,7 +415,7 @@ class RateLimitInfo:
     :ivar partition_key: the IETF partition key (``pk``) as text (the bytes of
         the Byte Sequence decoded as latin-1).
     :ivar source: the header family that produced ``remaining``, ``reset``,
-        ``limit`` and ``window``: ``"anthropic"``, ``"ietf"``,
+        ``limit`` and ``window``: ``"anthropic"``, ``"groq"``, ``"ietf"``,
         ``"ietf-legacy"``, ``"openai"``, ``"x-ratelimit"``, or ``None`` when
         no family applied.
     :ivar interval: seconds between sends that spread the remaining units
