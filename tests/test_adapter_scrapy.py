@@ -407,6 +407,40 @@ def test_retry_after_blocks_the_host(server: LocalServer, tmp_path: Path) -> Non
     assert result.stats["throttlekit/response_status_count/429"] == 1
 
 
+def test_a_429_body_that_states_the_wait_blocks_the_host(
+    server: LocalServer, tmp_path: Path
+) -> None:
+    # Gemini's 429 has no Retry-After: its small JSON body says "retryDelay": "1s".
+    # The middleware hands that body to the limiter, which blocks the host for it.
+    body = {
+        "error": {
+            "code": 429,
+            "status": "RESOURCE_EXHAUSTED",
+            "message": "You exceeded your current quota.",
+            "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1s"}],
+        }
+    }
+    refusal = Reply(
+        status=429,
+        body=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json; charset=UTF-8"},
+    )
+    server.route("g.test", behaviour=Script(refusal, then=Reply(latency=0.02)))
+    settings = {
+        **EXACT,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "DOWNLOAD_DELAY": 0,
+        "BACKOFF_MIN_DELAY": 0.1,
+        "BACKOFF_JITTER": 0,
+    }
+    result = crawl(server, tmp_path, settings, [f"g.test/{n}" for n in range(3)])
+    assert result.statuses() == [200] * 3
+    hits = server.hits("g.test")
+    rejected = hits[0]
+    assert rejected.status == 429, table(hits)
+    assert hits[1].arrived >= rejected.arrived + 1.0 - SLACK, table(hits)
+
+
 def test_timeouts_are_recorded_and_release_the_permit(server: LocalServer, tmp_path: Path) -> None:
     server.route("f.test", "/hang", Hang())
     settings = {
