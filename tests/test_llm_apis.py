@@ -529,11 +529,11 @@ def test_anthropic_sdk_through_the_transport_keeps_within_both_budgets(
     llm_server: LocalServer,
 ) -> None:
     # The same as the OpenAI test with the real anthropic SDK (httpx2 underneath)
-    # and Anthropic's headers, on a quarter-second window to keep it short:
-    # 50 concurrent messages, 3 requests and 500 tokens per window, each call's
+    # and Anthropic's headers, on a half-second window to keep it short:
+    # 30 concurrent messages, 3 requests and 500 tokens per window, each call's
     # estimate (112 tokens) corrected by its usage (60 in + 40 out).
     recipe = load_recipe("cookbook_anthropic")
-    window = 0.25
+    window = 0.5
     api = LLMAPI(requests=3, tokens=500, window=window, dialect="anthropic")
     llm_server.route(API, behaviour=api)
     limiter = recipe.build_limiter(requests=3, tokens=500, window=window)
@@ -543,18 +543,18 @@ def test_anthropic_sdk_through_the_transport_keeps_within_both_budgets(
         base_url=f"http://{API}",
         transport=httpx2.AsyncHTTPTransport(proxy=llm_server.proxy_url),
     )
-    prompts = [f"Say hello number {n:02d}, briefly, please {'.' * 200}" for n in range(50)]
+    prompts = [f"Say hello number {n:02d}, briefly, please {'.' * 200}" for n in range(30)]
     started = time.monotonic()
     answers = anyio.run(recipe.ask_all, client, prompts)
     elapsed = time.monotonic() - started
-    assert answers == ["Hello!"] * 50
-    assert api.accepted() == 50
+    assert answers == ["Hello!"] * 30
+    assert api.accepted() == 30
     assert api.refusals() == 0, api.answers
-    allowed = least_time(50, 3, window)
+    allowed = least_time(30, 3, window)
     assert elapsed <= 1.15 * allowed * recipe.MARGIN, (elapsed, allowed)
     stats = limiter.statistics().scopes
     assert stats[recipe.TOKENS].quota_used <= 3 * USED
-    assert [hit.path for hit in llm_server.hits(API)] == ["/v1/messages"] * 50
+    assert [hit.path for hit in llm_server.hits(API)] == ["/v1/messages"] * 30
 
 
 @pytest.mark.parametrize("sdk", ["openai", "anthropic"])
