@@ -1596,7 +1596,7 @@ def test_retry_after_counts(status: int | None, counts: bool) -> None:
         (429, {"Content-Type": "application/json; charset=UTF-8", "Content-Length": "512"}, True),
         (503, {"content-type": "application/problem+json", "content-length": "16384"}, True),
         (429, {"content-type": "application/json", "content-length": "16385"}, False),
-        (429, {"content-type": "application/json"}, False),  # no length: may be a stream
+        (429, {"content-type": "application/json"}, True),  # no length: read up to the limit
         (429, {"content-type": "text/event-stream", "content-length": "10"}, False),
         (429, {"content-type": "text/html", "content-length": "10"}, False),
         (429, {"content-length": "10"}, False),

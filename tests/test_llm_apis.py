@@ -15,6 +15,7 @@ import datetime
 import importlib
 import json
 import math
+import random
 import sys
 import time
 from collections import deque
@@ -709,3 +710,61 @@ def test_a_429_body_that_states_the_wait_blocks_the_scope(
         assert 0.6 <= gap < 1.1, gap
     else:
         assert gap < 0.3, gap
+
+
+class ChunkedJSON:
+    """A JSON answer sent chunked and gzipped, with no Content-Length, as Gemini sends its 429."""
+
+    def __init__(self, document: Any, status: int = 429) -> None:
+        self.body = json.dumps(document).encode()
+        self.status = status
+
+    async def respond(self, request: web.Request, hit: Hit) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=self.status, headers={"Content-Type": "application/json; charset=UTF-8"}
+        )
+        response.enable_compression(web.ContentCoding.gzip)
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(self.body)
+        await response.write_eof()
+        return response
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.anyio
+async def test_a_chunked_gzipped_429_body_is_read_up_to_its_limit(
+    llm_server: LocalServer, library: tuple[Any, Any]
+) -> None:
+    # Gemini's real 429 has no Content-Length (chunked, gzip): the transport
+    # reads at most 16 KiB of it. A small one blocks the scope for the wait it
+    # states; a larger one is given to the client whole, unread by the limiter.
+    module, adapter = library
+    noise = random.Random(1).randbytes(24_000).hex()  # 48 kB that gzip leaves above 16 KiB
+    large = {"error": {"message": f"Please retry in 0.6s. {noise}"}}
+    llm_server.route(API, "/small", Script(ChunkedJSON(GEMINI_429), then=Reply()))
+    llm_server.route(API, "/large", Script(ChunkedJSON(large), then=Reply()))
+    honour = throttlekit.Backoff(headers_only=True)
+    limiter = throttlekit.Limiter(
+        default=throttlekit.ScopePolicy(concurrency=None, delay=0, backoff=honour)
+    )
+    transport = adapter.ThrottledTransport(
+        limiter, module.AsyncHTTPTransport(proxy=llm_server.proxy_url)
+    )
+    async with module.AsyncClient(transport=transport) as client:
+        first = await client.get(f"http://{API}/large")
+        assert first.status_code == 429
+        assert first.json() == large  # the whole body, though the limiter read only a part
+        assert "content-length" not in first.headers
+        stats = limiter.scope_statistics(API)
+        assert stats is not None
+        assert stats.blocked_until < anyio.current_time()  # not read for a wait
+        second = await client.get(f"http://{API}/small")
+        assert second.status_code == 429
+        assert second.json() == GEMINI_429
+        third = await client.get(f"http://{API}/small")
+        assert third.status_code == 200
+        assert limiter.statistics().in_flight == 0
+    small = llm_server.hits(API, "/small")
+    assert 0.6 <= small[1].arrived - small[0].arrived < 1.1

@@ -85,7 +85,7 @@ A wait stated in the body (``body=``, on a 429 or 503 only)
     Google's Gemini API sends no rate-limit header: its 429 carries the wait
     in a small JSON body, as ``RetryInfo`` (``"retryDelay": "46s"`` among the
     ``error.details``) and in the message (``"Please retry in 46.2s."``).
-    Given the body of a 429 or 503 (at most :data:`MAX_WAIT_BODY` bytes), the
+    Given the body of a 429 or 503 (at most :data:`MAX_WAIT_BODY` long), the
     longest wait it states this way (also ``"try again in 20s"``, OpenAI,
     and ``"retry after 37 seconds"``, Azure) becomes the
     :attr:`~RateLimitInfo.retry_after` of a response without
@@ -685,10 +685,13 @@ def retry_after_counts(status: int | None) -> bool:
 def wants_body(status: int | None, headers: Any) -> bool:
     """Whether an adapter should read this response's body and pass it to :func:`parse`.
 
-    Only a 429 or 503 whose ``Content-Type`` is JSON and whose
-    ``Content-Length`` states at most :data:`MAX_WAIT_BODY` bytes may state
-    its wait in the body: never another status, a stream of events, or a
-    body of unstated length (which may be a stream).
+    Only a 429 or 503 whose ``Content-Type`` is JSON may state its wait in
+    the body (never another status, nor a stream of events), and only a
+    small one: a ``Content-Length`` above :data:`MAX_WAIT_BODY` says no. A
+    body of unstated length (Gemini's 429 comes chunked and gzipped) says
+    yes, and the adapter reads at most :data:`MAX_WAIT_BODY` bytes of it,
+    passing nothing (and leaving the body whole for the client) when there
+    are more.
 
     :param headers: the response headers: a mapping or any headers object
         with ``.get`` (values ``str`` or ``bytes``).
@@ -703,7 +706,7 @@ def wants_body(status: int | None, headers: Any) -> bool:
         return False
     length = _header_value(headers, "content-length")
     if length is None:
-        return False
+        return True
     length = length.strip(_OWS)
     return length.isdigit() and len(length) <= _MAX_NUMBER_LENGTH and int(length) <= MAX_WAIT_BODY
 

@@ -15,7 +15,7 @@ import anyio
 import attrs
 
 from .. import scopes as _scopes
-from ..headers import wants_body
+from ..headers import MAX_WAIT_BODY, wants_body
 
 if TYPE_CHECKING:
     from .._controller import Feedback
@@ -341,7 +341,7 @@ def body_too_large(headers: Any) -> bool:
 async def read_for_feedback(
     response: Any,
     status: int,
-    read: Callable[[], Awaitable[bytes | None]],
+    read: Callable[[int | None], Awaitable[bytes | None]],
     consumed: ConsumedHook | None,
     permit: Permit,
 ) -> tuple[Mapping[str, float] | None, bytes | None]:
@@ -349,10 +349,12 @@ async def read_for_feedback(
 
     A JSON body (up to :data:`MAX_JSON_BODY`) is read for a ``consumed``
     hook, and a 429 or 503 body that may state its wait
-    (:func:`throttlekit.headers.wants_body`) to be recorded; other bodies
-    (streams) are not read. ``read()`` reads the whole body (decoded) so
-    that the client can read it again, or gives ``None``. A failure to read
-    is recorded, then raised.
+    (:func:`throttlekit.headers.wants_body`) to be recorded, at most
+    :data:`~throttlekit.headers.MAX_WAIT_BODY` bytes of it; other bodies
+    (streams) are not read. ``read(limit)`` reads the body (decoded) so that
+    the client can read it again, or gives ``None``: the whole body with
+    ``limit=None``, else only a body of at most ``limit`` bytes. A failure
+    to read is recorded, then raised.
 
     :returns: the hook's result (``None`` without a hook) and the body to
         record with :meth:`Permit.record <throttlekit.Permit.record>` (or ``None``).
@@ -363,14 +365,14 @@ async def read_for_feedback(
     raw = None
     if for_hook or for_wait:
         try:
-            raw = await read()
+            raw = await read(None if for_hook else MAX_WAIT_BODY)
         except Exception as exc:
             permit.record(exception=exc, adjust_delay=False)
             raise
     costs = None
     if consumed is not None:
         costs = consumed(response, json_body(raw) if for_hook and raw else None)
-    return costs, raw if for_wait else None
+    return costs, raw if for_wait and raw is not None and len(raw) <= MAX_WAIT_BODY else None
 
 
 def token_usage(scope: str) -> Callable[[Any, Any], dict[str, float] | None]:

@@ -85,13 +85,60 @@ class _Chunks:
             raise
 
 
+class _PrefixedStream:
+    """A body whose first chunks were already read: gives them, then the rest.
+
+    :class:`Library` makes it a subclass of its module's ``AsyncByteStream``.
+    """
+
+    __slots__ = ("_chunks", "_rest", "_stream")
+
+    def __init__(self, chunks: list[bytes], rest: AsyncIterator[bytes], stream: Any) -> None:
+        self._chunks = chunks
+        self._rest = rest
+        self._stream = stream
+
+    def __repr__(self) -> str:
+        return f"<_PrefixedStream {len(self._chunks)} chunks read of {self._stream!r}>"
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks, self._chunks = self._chunks, []
+        return _PrefixedChunks(chunks, self._rest)
+
+    async def aclose(self) -> None:
+        closing = getattr(self._rest, "aclose", None)
+        try:
+            if closing is not None:
+                await closing()
+        finally:
+            await self._stream.aclose()
+
+
+class _PrefixedChunks:
+    """Iterates the chunks already read, then the rest (a plain iterator, as :class:`_Chunks`)."""
+
+    __slots__ = ("_chunks", "_rest")
+
+    def __init__(self, chunks: list[bytes], rest: AsyncIterator[bytes]) -> None:
+        self._chunks = chunks[::-1]
+        self._rest = rest
+
+    def __aiter__(self) -> _PrefixedChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._chunks:
+            return self._chunks.pop()
+        return await self._rest.__anext__()
+
+
 class Library:
     """What the transport needs of httpx or httpx2: its module and its stream class.
 
     :param module: the imported ``httpx`` or ``httpx2`` module.
     """
 
-    __slots__ = ("module", "name", "releasing_stream")
+    __slots__ = ("module", "name", "prefixed_stream", "releasing_stream")
 
     def __init__(self, module: ModuleType) -> None:
         self.module = module
@@ -99,20 +146,43 @@ class Library:
         self.releasing_stream: type[Any] = type(
             "_ReleasingStream", (_ReleasingStream, module.AsyncByteStream), {"__slots__": ()}
         )
+        self.prefixed_stream: type[Any] = type(
+            "_PrefixedStream", (_PrefixedStream, module.AsyncByteStream), {"__slots__": ()}
+        )
 
     def __repr__(self) -> str:
         return f"<Library {self.name}>"
 
-    async def read_body(self, response: Any) -> bytes | None:
-        """Read a body in the transport, decoded; the response keeps the same bytes to give on."""
+    async def read_body(self, response: Any, limit: int | None = None) -> bytes | None:
+        """Read a body in the transport, decoded; the response keeps the same bytes to give on.
+
+        With a ``limit``, at most that many bytes (and one chunk) are read:
+        a longer body is given back to the response unread as a whole, and
+        ``None`` returned.
+        """
         module = self.module
         stream = response.stream
         if not isinstance(stream, module.AsyncByteStream):
             return None
+        chunks: list[bytes] = []
+        size = 0
+        iterator = stream.__aiter__()
         try:
-            raw = b"".join([chunk async for chunk in stream])
-        finally:
+            while limit is None or size <= limit:
+                try:
+                    chunk = await iterator.__anext__()
+                except StopAsyncIteration:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            else:
+                response.stream = self.prefixed_stream(chunks, iterator, stream)
+                return None
+        except BaseException:
             await stream.aclose()
+            raise
+        await stream.aclose()
+        raw = b"".join(chunks)
         response.stream = module.ByteStream(raw)
         # The raw bytes may be compressed: decode them as the client will.
         decoded = module.Response(
@@ -209,7 +279,7 @@ class AsyncThrottling:
             consumed, body = await read_for_feedback(
                 response,
                 response.status_code,
-                lambda: self.library.read_body(response),
+                lambda limit: self.library.read_body(response, limit),
                 self._consumed,
                 permit,
             )

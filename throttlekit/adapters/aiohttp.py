@@ -37,7 +37,7 @@ aiohttp runs on asyncio only, so this adapter does too.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -154,7 +154,7 @@ class ThrottlingMiddleware:
                 raise
             latency = anyio.current_time() - sent
             consumed, body = await read_for_feedback(
-                response, response.status, response.read, self._consumed, permit
+                response, response.status, _reader(response), self._consumed, permit
             )
             permit.record(
                 response,
@@ -195,6 +195,23 @@ class _Releaser:
     def __call__(self) -> None:
         if not self._held.release_now():
             self._middleware._release_later(self._held)
+
+
+def _reader(response: ClientResponse) -> Callable[[int | None], Awaitable[bytes | None]]:
+    """``read(limit)`` for :func:`read_for_feedback`: aiohttp keeps what it read for the caller.
+
+    aiohttp cannot give back part of a body, so a body of unstated length is
+    read under a ``limit`` only when it has already arrived whole.
+    """
+
+    async def read(limit: int | None) -> bytes | None:
+        if limit is not None and content_length(response.headers) is None:
+            content = response.content
+            if not content.is_eof() or content.total_bytes > limit:
+                return None
+        return await response.read()
+
+    return read
 
 
 def _total_timeout_expired(request: ClientRequest) -> bool:

@@ -107,9 +107,10 @@ class ThrottledTransport(AsyncThrottling, httpx.AsyncBaseTransport):
     ``await response.aclose()``), as httpx asks anyway -- an unclosed
     response keeps its slot.
 
-    A 429 or 503 with a small JSON body (a stated ``Content-Length`` of at
-    most 16 KiB) is read in the transport, for the wait it may state
-    (Gemini's ``RetryInfo``; see :func:`throttlekit.headers.wants_body`).
+    A 429 or 503 with a small JSON body (up to 16 KiB; a body of unstated
+    length is read that far, and a longer one given back whole) is read in
+    the transport, for the wait it may state (Gemini's ``RetryInfo``; see
+    :func:`throttlekit.headers.wants_body`).
 
     Exceptions from the limiter (:class:`~throttlekit.Overloaded`) and from
     the inner transport propagate unchanged; the latter are recorded first,
