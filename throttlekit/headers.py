@@ -640,10 +640,22 @@ def parse(
         retry_after = _header_retry_after(fields, now, max_delay)
         if retry_after is None:
             retry_after = body_wait
+    quota = _families_quota(fields, now, max_delay)
+    if retry_after is None and quota is None:
+        return EMPTY
+    if quota is None:
+        return RateLimitInfo(retry_after=retry_after)
+    return attrs.evolve(quota, retry_after=retry_after)
+
+
+def _families_quota(
+    fields: Mapping[str, Sequence[str]], now: float, max_delay: float
+) -> RateLimitInfo | None:
+    """The quota of the first header family that reports one (see the module documentation)."""
     states, dictionary_lines = _structured_items(fields.get(_RATELIMIT, ()))
     policies, _ = _structured_items(fields.get(_RATELIMIT_POLICY, ()))
     groq = _GROQ_MARKER in fields
-    quota = _choose_quota(
+    return _choose_quota(
         (
             _budget_family("anthropic", _ANTHROPIC_BUDGETS, fields, _rfc3339_delay, now, max_delay),
             _budget_family(
@@ -660,11 +672,6 @@ def parse(
             _x_ratelimit_quota(fields, now, max_delay),
         )
     )
-    if retry_after is None and quota is None:
-        return EMPTY
-    if quota is None:
-        return RateLimitInfo(retry_after=retry_after)
-    return attrs.evolve(quota, retry_after=retry_after)
 
 
 def retry_after_counts(status: int | None) -> bool:
