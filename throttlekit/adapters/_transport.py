@@ -194,11 +194,11 @@ class Library:
 class AsyncThrottling:
     """The async transport's work, shared by httpx and httpx2 (see the modules' classes).
 
-    A subclass sets :attr:`library` and also derives from that library's
+    A subclass sets ``_library`` and also derives from that library's
     ``AsyncBaseTransport``.
     """
 
-    library: ClassVar[Library]
+    _library: ClassVar[Library]
 
     def __init__(
         self,
@@ -208,7 +208,7 @@ class AsyncThrottling:
         budgets: Mapping[str, str] | None = None,
         consumed: ConsumedHook | None = None,
     ) -> None:
-        module = self.library.module
+        module = self._library.module
         if not isinstance(limiter, Limiter):
             raise TypeError(f"limiter must be a throttlekit.Limiter, got {limiter!r}")
         if consumed is not None and not callable(consumed):
@@ -219,7 +219,7 @@ class AsyncThrottling:
             transport = module.AsyncHTTPTransport()
         elif not isinstance(transport, module.AsyncBaseTransport):
             raise TypeError(
-                f"transport must be an {self.library.name}.AsyncBaseTransport, got {transport!r}"
+                f"transport must be an {self._library.name}.AsyncBaseTransport, got {transport!r}"
             )
         self._limiter = limiter
         self._transport = transport
@@ -279,7 +279,7 @@ class AsyncThrottling:
             consumed, body = await read_for_feedback(
                 response,
                 response.status_code,
-                lambda limit: self.library.read_body(response, limit),
+                lambda limit: self._library.read_body(response, limit),
                 self._consumed,
                 permit,
             )
@@ -293,11 +293,11 @@ class AsyncThrottling:
                 body=body,
             )
             stream = response.stream
-            if not isinstance(stream, self.library.module.AsyncByteStream):
+            if not isinstance(stream, self._library.module.AsyncByteStream):
                 raise TypeError(
                     f"the inner transport returned a response without an async stream: {stream!r}"
                 )
-            response.stream = self.library.releasing_stream(stream, held)
+            response.stream = self._library.releasing_stream(stream, held)
         except BaseException:
             await held.release()
             raise
@@ -312,11 +312,11 @@ def make_client(
     kwargs: dict[str, Any],
 ) -> Any:
     """An ``AsyncClient`` of ``cls``'s library sending through a new ``cls`` transport."""
-    module = cls.library.module
+    module = cls._library.module
     if "transport" in kwargs:
         raise TypeError(
             "client() builds its own transport; pass "
-            f"{cls.__name__}(limiter, your_transport) to {cls.library.name}.AsyncClient instead"
+            f"{cls.__name__}(limiter, your_transport) to {cls._library.name}.AsyncClient instead"
         )
     transport_options = {name: kwargs.pop(name) for name in TRANSPORT_OPTIONS if name in kwargs}
     if "trust_env" in transport_options:

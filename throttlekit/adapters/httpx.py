@@ -125,7 +125,7 @@ class ThrottledTransport(AsyncThrottling, httpx.AsyncBaseTransport):
             await client.get(url, extensions={"throttling_scopes": {"api-budget": 2.0}})
     """
 
-    library = Library(httpx)
+    _library = Library(httpx)
 
     def __init__(
         self,

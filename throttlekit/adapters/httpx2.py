@@ -63,7 +63,7 @@ class ThrottledTransport(AsyncThrottling, httpx2.AsyncBaseTransport):
         sdk = openai.AsyncOpenAI(http_client=httpx2.AsyncClient(transport=transport))
     """
 
-    library = Library(httpx2)
+    _library = Library(httpx2)
 
     def __init__(
         self,
