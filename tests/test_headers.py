@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Callable, Iterator
 from email.utils import formatdate
@@ -1431,6 +1432,21 @@ DIALECT_CASES = [
         x_ratelimit(reset=30.5),
         id="x-reset-epoch-ms",
     ),
+    pytest.param(
+        {"X-RateLimit-Reset": http_date(30)}, {}, x_ratelimit(reset=30.0), id="x-reset-http-date"
+    ),
+    pytest.param(
+        {"X-RateLimit-Reset": "2023-11-14T22:13:50.5Z"},
+        {},
+        x_ratelimit(reset=30.5),
+        id="x-reset-rfc3339",
+    ),
+    pytest.param(
+        {"RateLimit-Reset": "2023-11-14T23:13:50+01:00"},
+        {},
+        legacy(reset=30.0),
+        id="legacy-reset-rfc3339-offset",
+    ),
     # --- Retry-After counts where HTTP defines it --------------------------------------
     pytest.param({"Retry-After": "1"}, {"status": 200}, expect(), id="retry-after-on-200-ignored"),
     pytest.param({"Retry-After": "1"}, {"status": 404}, expect(), id="retry-after-on-404-ignored"),
@@ -1795,10 +1811,14 @@ def test_every_draft_states_its_window(
 @settings(deadline=None)
 @given(
     delay=st.floats(min_value=0.0, max_value=1e5),
-    form=st.sampled_from(["delta", "epoch", "epoch-float", "epoch-ms"]),
+    form=st.sampled_from(["delta", "epoch", "epoch-float", "epoch-ms", "rfc3339"]),
 )
 def test_x_ratelimit_reset_in_every_form(delay: float, form: str) -> None:
-    if form == "delta":
+    if form == "rfc3339":
+        moment = datetime.datetime.fromtimestamp(NOW + delay, datetime.timezone.utc)
+        value = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        expected = moment.timestamp() - NOW
+    elif form == "delta":
         value, expected = str(int(delay)), float(int(delay))
     elif form == "epoch":
         value, expected = str(int(NOW + delay)), float(int(NOW + delay) - NOW)
@@ -1877,3 +1897,14 @@ def test_parse_with_a_body_never_raises_and_bounds_delays(
             assert delay is None or 0.0 <= delay <= max_delay
     if not retry_after_counts(status):
         assert info.retry_after is None
+
+
+def test_per_request_with_a_cost_so_small_the_count_overflows() -> None:
+    # Found by the fuzz above: 1 token left for requests of 5e-324 tokens is
+    # more requests than a float holds; the count is unknown, not an error.
+    info = parse({"anthropic-ratelimit-tokens-remaining": "1"}, now=0.0, max_delay=1.0)
+    views = info.for_scopes({"tokens": 5e-324}, {"tokens": "tokens"})
+    assert views["tokens"].remaining is None
+    budget = info.for_budget("tokens")
+    assert budget is not None
+    assert budget.per_request(0.5).remaining == 2.0

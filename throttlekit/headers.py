@@ -59,7 +59,8 @@ De facto ``X-RateLimit-*`` (``source="x-ratelimit"``)
     time in milliseconds, above ``1e9`` an epoch time in seconds, whole or
     decimal (GitHub, X, Discord; both converted to a delay relative to ``now``; past times mean
     ``0.0``), anything else is delta seconds (Reddit). An HTTP-date reset
-    (Cloudflare) is converted relative to ``now`` as well.
+    (Cloudflare) or an RFC 3339 one (``2025-01-01T00:01:00Z``) is converted
+    relative to ``now`` as well.
 
 OpenAI (``source="openai"``)
     ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``, as sent by
@@ -511,28 +512,21 @@ class RateLimitInfo:
         A token budget reports tokens, but a scope paces requests: with
         ``remaining=2000`` tokens and requests of ``cost=1000``, two requests
         are left. Less than one request's worth left counts as ``0`` (wait
-        for the reset). ``cost <= 0`` or ``1`` returns the information as it is.
+        for the reset). ``cost <= 0`` or ``1`` returns the information as it is;
+        a cost so small that the count of requests overflows leaves it unknown.
         """
         if cost <= 0 or cost == 1:
             return self
-        if self.remaining is None:
-            remaining, interval = None, self.interval
+        remaining = None if self.remaining is None else _finite(self.remaining / cost)
+        limit = None if self.limit is None else _finite(self.limit / cost)
+        if remaining is None or self.interval is None or self.reset is None:
+            interval = self.interval
         else:
-            remaining = self.remaining / cost
-            if remaining < 1:
-                remaining, interval = 0.0, None
-            elif self.interval is None or self.reset is None:
-                interval = self.interval
-            else:
-                # reset / remaining grows by the cost, and stays within the reset.
-                interval = min(self.reset, self.interval * cost)
-        return attrs.evolve(
-            self,
-            remaining=remaining,
-            limit=None if self.limit is None else self.limit / cost,
-            interval=interval,
-            budgets=(),
-        )
+            # reset / remaining grows by the cost, and stays within the reset.
+            interval = min(self.reset, self.interval * cost)
+        if remaining is not None and remaining < 1:
+            remaining, interval = 0.0, None
+        return attrs.evolve(self, remaining=remaining, limit=limit, interval=interval, budgets=())
 
     def for_scopes(
         self, costs: Mapping[str, float], budgets: Mapping[str, str]
@@ -563,6 +557,11 @@ class RateLimitInfo:
             else:
                 views[scope] = budget.per_request(cost)
         return views
+
+
+def _finite(number: float) -> float | None:
+    """``number``, or ``None`` when it overflowed to infinity."""
+    return number if math.isfinite(number) else None
 
 
 def _with_budgets(budgets: Sequence[RateLimitInfo], retry_after: float | None) -> RateLimitInfo:
@@ -1161,13 +1160,18 @@ def _retry_after_delay(
 
 
 def _reset_delays(value: str, now: float) -> Iterator[float]:
-    """Yield the delays of a reset value: delta seconds, epoch seconds or ms, or an HTTP-date.
+    """Yield the delays of a reset value: delta seconds, epoch seconds or ms, or a date.
 
-    The delays are not clamped (a past time gives a negative delay).
+    A date is an HTTP-date or an RFC 3339 time. The delays are not clamped
+    (a past time gives a negative delay).
     """
     date = _http_date(value, now)
     if date is not None:
         yield date - now
+        return
+    moment = _rfc3339_delay(value, now)
+    if moment is not None:
+        yield moment
         return
     for number in _numbers(value):
         if number > 1e12:
