@@ -768,3 +768,65 @@ async def test_a_chunked_gzipped_429_body_is_read_up_to_its_limit(
         assert limiter.statistics().in_flight == 0
     small = llm_server.hits(API, "/small")
     assert 0.6 <= small[1].arrived - small[0].arrived < 1.1
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_sync_sdk_clients_from_threads_keep_within_the_budget(
+    llm_server: LocalServer, sdk: str
+) -> None:
+    # The SDKs' synchronous clients send through httpx2.Client: its
+    # SyncThrottledTransport (the httpx one's shared code) with a SyncLimiter
+    # keeps 12 calls from 4 threads within 3 requests per quarter second, every
+    # call answered, none refused, each usage correcting its estimate.
+    import concurrent.futures
+
+    import anthropic
+    import openai
+
+    window = 0.25
+    dialect = "anthropic" if sdk == "anthropic" else "openai"
+    api = LLMAPI(requests=3, tokens=10_000, window=window, dialect=dialect)
+    llm_server.route(API, behaviour=api)
+    limiter = throttlekit.SyncLimiter(
+        scopes={
+            API: throttlekit.ScopePolicy(concurrency=None, delay=0, quota=3, window=window * 1.1),
+            "tokens": throttlekit.ScopePolicy(concurrency=None, delay=0, quota=10_000),
+        },
+        default=throttlekit.ScopePolicy(concurrency=None, delay=0),
+    )
+    transport = httpx2_adapter.SyncThrottledTransport(
+        limiter,
+        httpx2.HTTPTransport(proxy=llm_server.proxy_url),
+        consumed=token_usage("tokens"),
+    )
+    http_client = httpx2.Client(transport=transport)
+    if sdk == "openai":
+        oa = openai.OpenAI(
+            api_key="sk-test", base_url=f"http://{API}/v1", max_retries=0, http_client=http_client
+        )
+
+        def call(n: int) -> str:
+            with throttling(scopes={API: 1, "tokens": 150}):
+                completion = oa.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": f"hi {n}"}]
+                )
+            return completion.choices[0].message.content or ""
+
+    else:
+        an = anthropic.Anthropic(
+            api_key="sk-ant-test", base_url=f"http://{API}", max_retries=0, http_client=http_client
+        )
+
+        def call(n: int) -> str:
+            with throttling(scopes={API: 1, "tokens": 150}):
+                message = an.messages.create(
+                    model="m", max_tokens=10, messages=[{"role": "user", "content": f"hi {n}"}]
+                )
+            return "".join(b.text for b in message.content if b.type == "text")
+
+    with http_client, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(call, range(12)))
+    assert answers == ["Hello!"] * 12
+    assert api.refusals() == 0, api.answers
+    assert limiter.statistics().scopes["tokens"].quota_used == 12 * USED
+    assert limiter.statistics().in_flight == 0

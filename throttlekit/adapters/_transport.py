@@ -1,4 +1,4 @@
-"""The throttling transport of httpx and of httpx2, written once against the library given.
+"""The throttling transports of httpx and of httpx2, written once against the library given.
 
 httpx2 is a fork of httpx with the same API under another module name. Each
 public adapter module (:mod:`throttlekit.adapters.httpx`,
@@ -10,25 +10,32 @@ imports either library, so each adapter works with its library alone.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
 from types import ModuleType, TracebackType
 from typing import Any, ClassVar, TypeVar
 
 import anyio
 
 from .._limiter import Limiter
+from .._sync import SyncLimiter
 from ._common import (
     ConsumedHook,
     HeldPermit,
+    SyncHeldPermit,
+    body_too_large,
     check_budgets,
     content_length,
+    is_json,
+    json_body,
     options,
     read_for_feedback,
 )
 
-__all__ = ["AsyncThrottling", "Library", "make_client"]
+__all__ = ["AsyncThrottling", "Library", "SyncThrottling", "make_client", "make_sync_client"]
 
 _T = TypeVar("_T", bound="AsyncThrottling")
+_S = TypeVar("_S", bound="SyncThrottling")
 
 #: Keyword arguments of ``client()`` that configure the inner transport.
 TRANSPORT_OPTIONS = ("verify", "cert", "trust_env", "http1", "http2", "limits", "proxy")
@@ -138,7 +145,7 @@ class Library:
     :param module: the imported ``httpx`` or ``httpx2`` module.
     """
 
-    __slots__ = ("module", "name", "prefixed_stream", "releasing_stream")
+    __slots__ = ("module", "name", "prefixed_stream", "releasing_stream", "sync_releasing_stream")
 
     def __init__(self, module: ModuleType) -> None:
         self.module = module
@@ -148,6 +155,9 @@ class Library:
         )
         self.prefixed_stream: type[Any] = type(
             "_PrefixedStream", (_PrefixedStream, module.AsyncByteStream), {"__slots__": ()}
+        )
+        self.sync_releasing_stream: type[Any] = type(
+            "_SyncReleasingStream", (_SyncReleasingStream, module.SyncByteStream), {"__slots__": ()}
         )
 
     def __repr__(self) -> str:
@@ -189,6 +199,27 @@ class Library:
             response.status_code, headers=response.headers, stream=module.ByteStream(raw)
         ).read()
         return bytes(decoded)
+
+
+def _read_sync_body(library: Library, response: Any) -> bytes | None:
+    """Read a body in a sync transport, decoded; the response keeps the same bytes to give on.
+
+    ``response.read()`` would close the response before the transport's
+    releasing stream is in place, so its permit would never be given back.
+    """
+    module = library.module
+    stream = response.stream
+    if not isinstance(stream, module.SyncByteStream):
+        return None
+    try:
+        raw = b"".join(stream)
+    finally:
+        stream.close()
+    response.stream = module.ByteStream(raw)
+    decoded = module.Response(
+        response.status_code, headers=response.headers, stream=module.ByteStream(raw)
+    ).read()
+    return bytes(decoded)
 
 
 class AsyncThrottling:
@@ -328,3 +359,171 @@ def make_client(
         consumed=consumed,
     )
     return module.AsyncClient(transport=transport, **kwargs)
+
+
+# -- the synchronous client ------------------------------------------------------------
+
+
+class _SyncReleasingStream:
+    """A response body that gives its permit back when it is closed; records a failure.
+
+    :class:`Library` makes it a subclass of its module's ``SyncByteStream``.
+    """
+
+    __slots__ = ("_held", "_stream")
+
+    def __init__(self, stream: Any, held: SyncHeldPermit) -> None:
+        self._stream = stream
+        self._held = held
+
+    def __repr__(self) -> str:
+        return f"<_SyncReleasingStream {self._held!r}>"
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._stream
+        except Exception as exc:
+            self._held.body_failed(exc)
+            raise
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._held.release()
+
+
+class SyncThrottling:
+    """The sync transport's work, shared by httpx and httpx2 (see the modules' classes).
+
+    A subclass sets ``_library`` and also derives from that library's
+    ``BaseTransport``.
+    """
+
+    _library: ClassVar[Library]
+
+    def __init__(
+        self,
+        limiter: SyncLimiter,
+        transport: Any = None,
+        *,
+        budgets: Mapping[str, str] | None = None,
+        consumed: ConsumedHook | None = None,
+    ) -> None:
+        module = self._library.module
+        if not isinstance(limiter, SyncLimiter):
+            raise TypeError(
+                f"limiter must be a throttlekit.SyncLimiter ({self._library.name}.Client is "
+                f"synchronous), got {limiter!r}"
+            )
+        if consumed is not None and not callable(consumed):
+            raise TypeError(f"consumed must be callable or None, got {consumed!r}")
+        if transport is None:
+            transport = module.HTTPTransport()
+        elif not isinstance(transport, module.BaseTransport):
+            raise TypeError(
+                f"transport must be an {self._library.name}.BaseTransport, got {transport!r}"
+            )
+        self._limiter = limiter
+        self._transport = transport
+        self._budgets = check_budgets(budgets)
+        self._consumed = consumed
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._limiter!r} over {self._transport!r}>"
+
+    @property
+    def limiter(self) -> SyncLimiter:
+        """The limiter that throttles this transport's requests."""
+        return self._limiter
+
+    @property
+    def transport(self) -> Any:
+        """The wrapped transport that sends the requests."""
+        return self._transport
+
+    def __enter__(self: _S) -> _S:
+        self._transport.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        self._transport.__exit__(exc_type, exc_value, traceback)
+
+    def close(self) -> None:
+        """Close the inner transport."""
+        self._transport.close()
+
+    def handle_request(self, request: Any) -> Any:
+        """Wait for a permit, send ``request`` through the inner transport, record how it went.
+
+        The returned response's stream gives the permit back when it is closed.
+        """
+        module = self._library.module
+        held = SyncHeldPermit.acquire(self._limiter, request)
+        try:
+            try:
+                response = self._transport.handle_request(request)
+            except Exception as exc:
+                held.failed(exc)
+                raise
+            latency = time.monotonic() - held.sent
+            consumed = None
+            if self._consumed is not None:
+                body = None
+                if is_json(response.headers) and not body_too_large(response.headers):
+                    try:
+                        raw = _read_sync_body(self._library, response)
+                    except Exception as exc:
+                        held.body_failed(exc)
+                        raise
+                    body = None if raw is None else json_body(raw)
+                consumed = self._consumed(response, body)
+            held.answered(
+                response,
+                status=response.status_code,
+                headers=response.headers,
+                latency=latency,
+                consumed=consumed,
+                budgets=self._budgets,
+            )
+            stream = response.stream
+            if not isinstance(stream, module.SyncByteStream):
+                raise TypeError(
+                    f"the inner transport returned a response without a sync stream: {stream!r}"
+                )
+            response.stream = self._library.sync_releasing_stream(stream, held)
+        except BaseException:
+            held.release()
+            raise
+        return response
+
+
+def make_sync_client(
+    cls: type[SyncThrottling],
+    limiter: SyncLimiter | None,
+    budgets: Mapping[str, str] | None,
+    consumed: ConsumedHook | None,
+    kwargs: dict[str, Any],
+) -> Any:
+    """A ``Client`` of ``cls``'s library sending through a new ``cls`` transport."""
+    module = cls._library.module
+    if "transport" in kwargs:
+        raise TypeError(
+            "sync_client() builds its own transport; pass "
+            f"{cls.__name__}(limiter, your_transport) to {cls._library.name}.Client instead"
+        )
+    transport_options = {name: kwargs.pop(name) for name in TRANSPORT_OPTIONS if name in kwargs}
+    if "trust_env" in transport_options:
+        kwargs["trust_env"] = transport_options["trust_env"]
+    transport = cls(
+        SyncLimiter() if limiter is None else limiter,
+        module.HTTPTransport(**transport_options),
+        budgets=budgets,
+        consumed=consumed,
+    )
+    return module.Client(transport=transport, **kwargs)

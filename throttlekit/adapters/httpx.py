@@ -37,25 +37,13 @@ through) is :mod:`throttlekit.adapters.httpx2`.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping
-from types import TracebackType
+from collections.abc import Mapping
 from typing import Any
 
 from .._limiter import Limiter
 from .._sync import SyncLimiter
-from ._common import (
-    ConsumedHook,
-    SyncHeldPermit,
-    body_too_large,
-    check_budgets,
-    is_json,
-    json_body,
-    missing_extra,
-    throttling,
-    token_usage,
-)
-from ._transport import TRANSPORT_OPTIONS, AsyncThrottling, Library, make_client
+from ._common import ConsumedHook, missing_extra, throttling, token_usage
+from ._transport import AsyncThrottling, Library, SyncThrottling, make_client, make_sync_client
 
 try:
     import httpx
@@ -70,6 +58,10 @@ __all__ = [
     "throttling",
     "token_usage",
 ]
+
+
+#: httpx, as the shared transport code sees it.
+_LIBRARY = Library(httpx)
 
 
 class ThrottledTransport(AsyncThrottling, httpx.AsyncBaseTransport):
@@ -125,7 +117,7 @@ class ThrottledTransport(AsyncThrottling, httpx.AsyncBaseTransport):
             await client.get(url, extensions={"throttling_scopes": {"api-budget": 2.0}})
     """
 
-    _library = Library(httpx)
+    _library = _LIBRARY
 
     def __init__(
         self,
@@ -173,7 +165,7 @@ def client(
 # -- the synchronous client ------------------------------------------------------------
 
 
-class SyncThrottledTransport(httpx.BaseTransport):
+class SyncThrottledTransport(SyncThrottling, httpx.BaseTransport):
     """An ``httpx`` transport for ``httpx.Client`` that throttles every request.
 
     The synchronous twin of :class:`ThrottledTransport`, with a
@@ -195,6 +187,8 @@ class SyncThrottledTransport(httpx.BaseTransport):
             client.get(url)
     """
 
+    _library = _LIBRARY
+
     def __init__(
         self,
         limiter: SyncLimiter,
@@ -203,118 +197,7 @@ class SyncThrottledTransport(httpx.BaseTransport):
         budgets: Mapping[str, str] | None = None,
         consumed: ConsumedHook | None = None,
     ) -> None:
-        if not isinstance(limiter, SyncLimiter):
-            raise TypeError(
-                f"limiter must be a throttlekit.SyncLimiter (httpx.Client is synchronous), "
-                f"got {limiter!r}"
-            )
-        if consumed is not None and not callable(consumed):
-            raise TypeError(f"consumed must be callable or None, got {consumed!r}")
-        if transport is None:
-            transport = httpx.HTTPTransport()
-        elif not isinstance(transport, httpx.BaseTransport):
-            raise TypeError(f"transport must be an httpx.BaseTransport, got {transport!r}")
-        self._limiter = limiter
-        self._transport = transport
-        self._budgets = check_budgets(budgets)
-        self._consumed = consumed
-
-    def __repr__(self) -> str:
-        return f"<SyncThrottledTransport {self._limiter!r} over {self._transport!r}>"
-
-    @property
-    def limiter(self) -> SyncLimiter:
-        """The limiter that throttles this transport's requests."""
-        return self._limiter
-
-    @property
-    def transport(self) -> httpx.BaseTransport:
-        """The wrapped transport that sends the requests."""
-        return self._transport
-
-    def __enter__(self) -> SyncThrottledTransport:
-        self._transport.__enter__()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_value: BaseException | None = None,
-        traceback: TracebackType | None = None,
-    ) -> None:
-        self._transport.__exit__(exc_type, exc_value, traceback)
-
-    def close(self) -> None:
-        """Close the inner transport."""
-        self._transport.close()
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        """Wait for a permit, send ``request`` through the inner transport, record how it went.
-
-        The returned response's stream gives the permit back when it is closed.
-        """
-        held = SyncHeldPermit.acquire(self._limiter, request)
-        try:
-            try:
-                response = self._transport.handle_request(request)
-            except Exception as exc:
-                held.failed(exc)
-                raise
-            latency = time.monotonic() - held.sent
-            consumed = None
-            if self._consumed is not None:
-                body = None
-                if is_json(response.headers) and not body_too_large(response.headers):
-                    try:
-                        body = json_body(response.read())
-                    except Exception as exc:
-                        held.body_failed(exc)
-                        raise
-                consumed = self._consumed(response, body)
-            held.answered(
-                response,
-                status=response.status_code,
-                headers=response.headers,
-                latency=latency,
-                consumed=consumed,
-                budgets=self._budgets,
-            )
-            stream = response.stream
-            if not isinstance(stream, httpx.SyncByteStream):
-                raise TypeError(
-                    f"the inner transport returned a response without a sync stream: {stream!r}"
-                )
-            response.stream = _SyncReleasingStream(stream, held)
-        except BaseException:
-            held.release()
-            raise
-        return response
-
-
-class _SyncReleasingStream(httpx.SyncByteStream):
-    """A response body that gives its permit back when it is closed; records a failure."""
-
-    __slots__ = ("_held", "_stream")
-
-    def __init__(self, stream: httpx.SyncByteStream, held: SyncHeldPermit) -> None:
-        self._stream = stream
-        self._held = held
-
-    def __repr__(self) -> str:
-        return f"<_SyncReleasingStream {self._held!r}>"
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            yield from self._stream
-        except Exception as exc:
-            self._held.body_failed(exc)
-            raise
-
-    def close(self) -> None:
-        try:
-            self._stream.close()
-        finally:
-            self._held.release()
+        super().__init__(limiter, transport, budgets=budgets, consumed=consumed)
 
 
 def sync_client(
@@ -335,18 +218,7 @@ def sync_client(
         with throttlekit.adapters.httpx.sync_client(limiter, timeout=10) as client:
             response = client.get("https://example.com/")
     """
-    if "transport" in kwargs:
-        raise TypeError(
-            "sync_client() builds its own transport; pass "
-            "SyncThrottledTransport(limiter, your_transport) to httpx.Client instead"
-        )
-    options = {name: kwargs.pop(name) for name in TRANSPORT_OPTIONS if name in kwargs}
-    if "trust_env" in options:
-        kwargs["trust_env"] = options["trust_env"]
-    transport = SyncThrottledTransport(
-        SyncLimiter() if limiter is None else limiter,
-        httpx.HTTPTransport(**options),
-        budgets=budgets,
-        consumed=consumed,
+    made: httpx.Client = make_sync_client(
+        SyncThrottledTransport, limiter, budgets, consumed, kwargs
     )
-    return httpx.Client(transport=transport, **kwargs)
+    return made

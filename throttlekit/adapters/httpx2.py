@@ -33,15 +33,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._limiter import Limiter
+from .._sync import SyncLimiter
 from ._common import ConsumedHook, missing_extra, throttling, token_usage
-from ._transport import AsyncThrottling, Library, make_client
+from ._transport import AsyncThrottling, Library, SyncThrottling, make_client, make_sync_client
 
 try:
     import httpx2
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise missing_extra("throttlekit.adapters.httpx2", "httpx2", "httpx2") from exc
 
-__all__ = ["ThrottledTransport", "client", "throttling", "token_usage"]
+__all__ = [
+    "SyncThrottledTransport",
+    "ThrottledTransport",
+    "client",
+    "sync_client",
+    "throttling",
+    "token_usage",
+]
+
+#: httpx2, as the shared transport code sees it.
+_LIBRARY = Library(httpx2)
 
 
 class ThrottledTransport(AsyncThrottling, httpx2.AsyncBaseTransport):
@@ -63,7 +74,7 @@ class ThrottledTransport(AsyncThrottling, httpx2.AsyncBaseTransport):
         sdk = openai.AsyncOpenAI(http_client=httpx2.AsyncClient(transport=transport))
     """
 
-    _library = Library(httpx2)
+    _library = _LIBRARY
 
     def __init__(
         self,
@@ -95,4 +106,58 @@ def client(
             response = await client.get("https://example.com/")
     """
     made: httpx2.AsyncClient = make_client(ThrottledTransport, limiter, budgets, consumed, kwargs)
+    return made
+
+
+class SyncThrottledTransport(SyncThrottling, httpx2.BaseTransport):
+    """An ``httpx2`` transport for ``httpx2.Client`` (the SDKs' ``OpenAI``, ``Anthropic``).
+
+    The parameters and behaviour are those of
+    :class:`throttlekit.adapters.httpx.SyncThrottledTransport`, with httpx2's
+    classes and a :class:`~throttlekit.SyncLimiter`: ``transport=None``
+    means a new ``httpx2.HTTPTransport()``.
+
+    :param limiter: decides when each request may be sent.
+    :param transport: the transport that sends, closed with this one.
+    :param budgets: which scope tracks which budget the server reports, ``{budget: scope}``.
+    :param consumed: ``consumed(response, body)`` gives the real cost per scope.
+
+    Usage::
+
+        transport = SyncThrottledTransport(throttlekit.SyncLimiter())
+        sdk = openai.OpenAI(http_client=httpx2.Client(transport=transport))
+    """
+
+    _library = _LIBRARY
+
+    def __init__(
+        self,
+        limiter: SyncLimiter,
+        transport: httpx2.BaseTransport | None = None,
+        *,
+        budgets: Mapping[str, str] | None = None,
+        consumed: ConsumedHook | None = None,
+    ) -> None:
+        super().__init__(limiter, transport, budgets=budgets, consumed=consumed)
+
+
+def sync_client(
+    limiter: SyncLimiter | None = None,
+    *,
+    budgets: Mapping[str, str] | None = None,
+    consumed: ConsumedHook | None = None,
+    **kwargs: Any,
+) -> httpx2.Client:
+    """An ``httpx2.Client`` whose requests go through a :class:`SyncThrottledTransport`.
+
+    The arguments are those of :func:`throttlekit.adapters.httpx.sync_client`.
+
+    Usage::
+
+        with throttlekit.adapters.httpx2.sync_client(limiter, timeout=10) as client:
+            response = client.get("https://example.com/")
+    """
+    made: httpx2.Client = make_sync_client(
+        SyncThrottledTransport, limiter, budgets, consumed, kwargs
+    )
     return made
