@@ -64,5 +64,6 @@ def quota_spent(feedback: Feedback, remaining: float | None) -> bool:
         return True
     if feedback.headers is None:
         return False
-    info = parse(feedback.headers, now=0.0)  # (``now`` only places dated resets)
+    # (``now`` only places dated resets; one reading of the answer, as every controller's)
+    info = parse(feedback.headers, now=0.0, status=feedback.status)
     return any(budget.remaining == 0 for budget in (info, *info.budgets))
