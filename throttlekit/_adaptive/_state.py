@@ -14,8 +14,6 @@ from ._throttle import on_throttle, refine
 
 if TYPE_CHECKING:
     from .._controller import Feedback, ScopeView
-    from .._policy import ScopePolicy
-    from ._tuning import Config
 
 __all__ = ["AdaptiveState"]
 
@@ -39,9 +37,6 @@ class AdaptiveState(Parts):
     __slots__ = ()
     replaces_policy = False
     due = INF  # it learns from feedback only (and so shares well through Redis)
-
-    def __init__(self, config: Config, policy: ScopePolicy) -> None:
-        super().__init__(config, policy)
 
     def __repr__(self) -> str:
         loop = self.rate_loop

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from ._edge import set_edge
@@ -66,7 +67,7 @@ def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait
 def refine(parts: Parts, scope: ScopeView, now: float) -> None:
     """Count the edge of a slow server's refusal, now that what was in flight then has answered."""
     loop, log = parts.rate_loop, parts.log
-    loop.refine_at = float("inf")
+    loop.refine_at = math.inf
     sent_at = loop.refine_for
     horizon = loop.horizon
     edge = log.measured(sent_at - horizon, sent_at, accepted=True)
