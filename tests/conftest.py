@@ -29,11 +29,27 @@ is available inside it as ``trio.lowlevel.current_clock()``.
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import pytest
 from _virtual import AnyioBackend, backend
 
 #: The Redis backend's tests share a real redis-server fixture (``tests/_redis.py``).
 pytest_plugins = ("_redis",)
+
+
+@pytest.fixture(autouse=True)
+def _default_sigint() -> None:
+    """Each test starts with Python's own SIGINT handler.
+
+    A library that installs its own (a crawler's shutdown handler, or an
+    ignored SIGINT) and leaves it would change how the next test's main
+    thread is interrupted, and a child process inherits an ignored SIGINT:
+    the tests that interrupt a waiting thread or a CLI run depend on it.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
