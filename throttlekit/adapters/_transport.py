@@ -344,21 +344,33 @@ def make_client(
 ) -> Any:
     """An ``AsyncClient`` of ``cls``'s library sending through a new ``cls`` transport."""
     module = cls._library.module
+    _check_no_transport("client", cls, "AsyncClient", kwargs)
+    inner = module.AsyncHTTPTransport(**_transport_options(kwargs))
+    limiter = Limiter() if limiter is None else limiter
+    transport = cls(limiter, inner, budgets=budgets, consumed=consumed)
+    return module.AsyncClient(transport=transport, **kwargs)
+
+
+def _check_no_transport(
+    builder: str,
+    cls: type[AsyncThrottling] | type[SyncThrottling],
+    client: str,
+    kwargs: dict[str, Any],
+) -> None:
+    """A client builder makes its own transport: say how to pass one's own instead."""
     if "transport" in kwargs:
         raise TypeError(
-            "client() builds its own transport; pass "
-            f"{cls.__name__}(limiter, your_transport) to {cls._library.name}.AsyncClient instead"
+            f"{builder}() builds its own transport; pass "
+            f"{cls.__name__}(limiter, your_transport) to {cls._library.name}.{client} instead"
         )
-    transport_options = {name: kwargs.pop(name) for name in TRANSPORT_OPTIONS if name in kwargs}
-    if "trust_env" in transport_options:
-        kwargs["trust_env"] = transport_options["trust_env"]
-    transport = cls(
-        Limiter() if limiter is None else limiter,
-        module.AsyncHTTPTransport(**transport_options),
-        budgets=budgets,
-        consumed=consumed,
-    )
-    return module.AsyncClient(transport=transport, **kwargs)
+
+
+def _transport_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the inner transport's options out of a client's ``kwargs`` (``trust_env`` stays too)."""
+    options = {name: kwargs.pop(name) for name in TRANSPORT_OPTIONS if name in kwargs}
+    if "trust_env" in options:
+        kwargs["trust_env"] = options["trust_env"]
+    return options
 
 
 # -- the synchronous client ------------------------------------------------------------
@@ -512,18 +524,8 @@ def make_sync_client(
 ) -> Any:
     """A ``Client`` of ``cls``'s library sending through a new ``cls`` transport."""
     module = cls._library.module
-    if "transport" in kwargs:
-        raise TypeError(
-            "sync_client() builds its own transport; pass "
-            f"{cls.__name__}(limiter, your_transport) to {cls._library.name}.Client instead"
-        )
-    transport_options = {name: kwargs.pop(name) for name in TRANSPORT_OPTIONS if name in kwargs}
-    if "trust_env" in transport_options:
-        kwargs["trust_env"] = transport_options["trust_env"]
-    transport = cls(
-        SyncLimiter() if limiter is None else limiter,
-        module.HTTPTransport(**transport_options),
-        budgets=budgets,
-        consumed=consumed,
-    )
+    _check_no_transport("sync_client", cls, "Client", kwargs)
+    inner = module.HTTPTransport(**_transport_options(kwargs))
+    limiter = SyncLimiter() if limiter is None else limiter
+    transport = cls(limiter, inner, budgets=budgets, consumed=consumed)
     return module.Client(transport=transport, **kwargs)
