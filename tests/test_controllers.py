@@ -862,3 +862,78 @@ async def test_retry_after_counts_where_http_defines_it_for_every_controller(
         with anyio.fail_after(1):
             async with limiter.acquire("https://a.test/"):
                 pass
+
+
+def _spent(reset: float, *, source: str = "x-ratelimit", **fields: Any) -> Any:
+    return _info(remaining=0, limit=10, reset=reset, source=source, **fields)
+
+
+def test_a_knock_goes_before_a_frameworks_reset_close_at_hand_and_learns_its_lead() -> None:
+    ledger = _backoff_ledger(knock=True)
+    state = ledger.controllers[0]
+    # A spent X-RateLimit quota 2 s from its reset: the first knock goes a
+    # quarter of the wait early (0.5 s), with one request in flight.
+    state.on_feedback(ledger, Feedback(status=200, sent_at=0.0, rate_limit=_spent(2.0)), 0.0)
+    ledger.refresh()
+    assert ledger.blocked_until == pytest.approx(1.5)
+    assert ledger.concurrency == 1
+    # Accepted: the window came back that early; the next knock doubles the step.
+    fresh = _info(remaining=9, limit=10, reset=2.0, source="x-ratelimit")
+    state.on_feedback(ledger, Feedback(status=200, sent_at=1.5, rate_limit=fresh), 1.51)
+    state.on_feedback(ledger, Feedback(status=200, sent_at=2.0, rate_limit=_spent(2.0)), 2.0)
+    ledger.refresh()
+    assert ledger.blocked_until == pytest.approx(2.0 + 2.0 - 1.25)  # halfway to the reset
+    # Refused: that lead is never tried again, and the refusal's own wait is
+    # honoured in full; the knock after it keeps to the lead accepted.
+    refusal = _spent(1.9, retry_after=1.0)
+    state.on_feedback(ledger, Feedback(status=429, sent_at=2.75, rate_limit=refusal), 2.76)
+    ledger.refresh()
+    assert ledger.blocked_until == pytest.approx(2.76 + 1.9 - 0.5)
+    state.on_feedback(ledger, Feedback(status=200, sent_at=4.2, rate_limit=fresh), 4.21)
+    state.on_feedback(ledger, Feedback(status=200, sent_at=6.0, rate_limit=_spent(2.0)), 6.0)
+    ledger.refresh()
+    # Between the lead accepted (0.5) and the one refused (1.25).
+    assert ledger.blocked_until == pytest.approx(6.0 + 2.0 - 0.875)
+
+
+@pytest.mark.parametrize(
+    ("knock", "info", "until"),
+    [
+        (False, _spent(2.0), 2.0),  # Backoff alone obeys the reset
+        (True, _spent(8.0), 8.0),  # a window of seconds is paced over, not knocked on
+        (True, _spent(2.0, source="ietf"), 2.0),  # the draft's reset is the server's word
+        # A refusal's Retry-After in full, and its reset less a lead accepted (none yet).
+        (True, _spent(2.0, retry_after=1.5), 2.0),
+        (True, _spent(1.0, retry_after=1.5), 1.5),
+    ],
+)
+def test_resets_that_are_not_knocked_on(knock: bool, info: Any, until: float) -> None:
+    ledger = _backoff_ledger(knock=knock)
+    ledger.controllers[0].on_feedback(
+        ledger, Feedback(status=429, sent_at=0.0, rate_limit=info), 0.0
+    )
+    ledger.refresh()
+    assert ledger.blocked_until == pytest.approx(until)
+
+
+def test_refused_knocks_stay_within_their_share_of_the_answers() -> None:
+    # A server that states its resets honestly refuses every knock: after
+    # the first two, a knock that may be refused waits for a hundred answers.
+    ledger = _backoff_ledger(knock=True)
+    state = ledger.controllers[0]
+    now, refused, answers = 0.0, 0, 1
+    for _ in range(100):
+        state.on_feedback(ledger, Feedback(status=200, sent_at=now, rate_limit=_spent(1.0)), now)
+        ledger.refresh()
+        knock_at = max(ledger.blocked_until, now)
+        if knock_at < now + 1.0:  # sent before the reset: refused
+            refused += 1
+            refusal = _spent(now + 1.0 - knock_at, retry_after=now + 1.0 - knock_at)
+            state.on_feedback(
+                ledger, Feedback(status=429, sent_at=knock_at, rate_limit=refusal), knock_at
+            )
+        now += 1.0
+        fresh = _info(remaining=9, limit=10, reset=1.0, source="x-ratelimit")
+        state.on_feedback(ledger, Feedback(status=200, sent_at=now, rate_limit=fresh), now)
+        answers += 2 + (knock_at < now)
+    assert 2 <= refused <= 2 + 0.01 * answers < 5

@@ -12,6 +12,7 @@ import attrs
 
 from ._checks import below_one, check_number, normalize_jitter, positive
 from ._controller import OUTCOMES, SlotState, remember_outcome
+from ._knock import Knock
 
 if TYPE_CHECKING:
     from ._controller import Feedback, ScopeView
@@ -24,6 +25,7 @@ __all__ = [
     "Backoff",
     "BackoffState",
     "low_remaining_pace",
+    "stated_pace",
 ]
 
 logger = logging.getLogger("throttlekit.backoff")
@@ -107,11 +109,10 @@ MIN_PACE_RESET = 5.0
 BUCKET_SOURCES = frozenset({"openai", "anthropic", "groq"})
 
 
-def low_remaining_pace(info: RateLimitInfo) -> float | None:
-    """Seconds between sends that spread a nearly spent server quota over its window.
+def stated_pace(info: RateLimitInfo) -> float | None:
+    """Seconds between sends that spread a server's stated quota over the time to its reset.
 
-    ``None`` unless little is left (at most a fifth of the limit, or at most
-    10 requests when the limit is unknown) and the reset is at least
+    ``None`` unless quota remains and the reset is at least
     :data:`MIN_PACE_RESET` seconds away. A token bucket's reset
     (:data:`BUCKET_SOURCES`) is the time it takes to refill what was spent,
     so its pace is the refill's: ``reset / (limit - remaining)``.
@@ -120,12 +121,23 @@ def low_remaining_pace(info: RateLimitInfo) -> float | None:
     remaining, limit, reset = info.remaining, info.limit, info.reset
     if pace is None or remaining is None or reset is None or reset < MIN_PACE_RESET:
         return None
-    low = remaining <= 0.2 * limit if limit is not None else remaining <= 10
-    if not low:
-        return None
     if info.source in BUCKET_SOURCES and limit is not None and limit > remaining:
         return reset / (limit - remaining)
     return pace
+
+
+def low_remaining_pace(info: RateLimitInfo) -> float | None:
+    """The :func:`stated_pace` once little is left of the server's quota.
+
+    ``None`` unless little is left: at most a fifth of the limit, or at most
+    10 requests when the limit is unknown.
+    """
+    pace = stated_pace(info)
+    remaining, limit = info.remaining, info.limit
+    if pace is None or remaining is None:
+        return None
+    low = remaining <= 0.2 * limit if limit is not None else remaining <= 10
+    return pace if low else None
 
 
 def _codes(value: Iterable[int]) -> frozenset[int]:
@@ -234,6 +246,11 @@ class Backoff:
         Default 0.25.
     :param headers_only: honour ``Retry-After``/``RateLimit`` headers but do not
         step the delay (used when :class:`Rampup` drives the scope).
+    :param knock: when a web framework's ``X-RateLimit-*`` quota is spent and
+        its reset is a few seconds away, send one request before that reset
+        and learn how late the framework states it (they add up to a second);
+        see :mod:`throttlekit._knock`. Default ``False``: the reset is waited
+        for in full. :class:`Adaptive` turns it on for its scopes.
 
     Usage::
 
@@ -253,6 +270,7 @@ class Backoff:
     concurrency_factor: float = attrs.field(default=0.5, validator=positive)
     error_share: float = attrs.field(default=0.25, validator=below_one)
     headers_only: bool = False
+    knock: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.min_delay > self.max_delay:
@@ -295,6 +313,7 @@ class BackoffState(SlotState):
         "_failed",
         "_forgot",
         "_good_delay",
+        "_knock",
         "_outcomes",
         "_pace_delay",
         "_pace_until",
@@ -338,6 +357,7 @@ class BackoffState(SlotState):
         self._signal_at = -INF  # the last signal that counted (random errors do not)
         self._pace_delay = 0.0
         self._pace_until = -INF
+        self._knock = Knock().state()  # knocks before late resets (see throttlekit._knock)
         self._outcomes: list[int] = []  # the last OUTCOMES: 1 = a 5xx or exception, 0 = not
         self._through = False  # whether a request sent since the last step up went through
         # Outcomes and 5xx or exceptions of requests sent at the delay in
@@ -410,14 +430,21 @@ class BackoffState(SlotState):
     def on_feedback(self, scope: ScopeView, feedback: Feedback, now: float) -> None:
         config = self.config
         info = feedback.rate_limit
-        if info is not None:
-            self._apply_headers(scope, info, now)
+        status = feedback.status
+        if config.knock:
+            knock = Knock(self._knock)
+            if knock.answered(feedback.sent_at, now, accepted=status is not None and status < 400):
+                self._cap, self._cap_until = None, -INF  # the window came back early: a new one
+            if info is not None:
+                self._apply_headers(scope, info, knock.wait(info, now), now)
+            self._knock = knock.state()
+        elif info is not None:
+            self._apply_headers(scope, info, info.wait(), now)
         if not config.is_signal(feedback):
             self._count(feedback, now, error=False)
             if self.active and now - max(self._signal_at, self._step_at) >= config.window:
                 self._step_back(scope, now)
             return
-        status = feedback.status
         if status is not None and status in config.http_codes:
             self.last_signal = str(status)
         else:
@@ -586,9 +613,11 @@ class BackoffState(SlotState):
             self.level,
         )
 
-    def _apply_headers(self, scope: ScopeView, info: RateLimitInfo, now: float) -> None:
+    def _apply_headers(
+        self, scope: ScopeView, info: RateLimitInfo, wait: float | None, now: float
+    ) -> None:
+        """Apply what the headers say: the ``wait`` they ask for, a pace, a cap in flight."""
         max_delay = self.config.max_delay
-        wait = info.wait()
         if wait is not None and wait > 0:
             until = now + min(wait, max_delay)
             if until > self.blocked_until:
@@ -613,7 +642,12 @@ class BackoffState(SlotState):
                 self._cap = min(self._cap, cap)
             else:
                 self._cap, self._cap_until = cap, now + min(reset, max_delay)
-            self._cap_next = None if info.limit is None else max(1, int(info.limit))
+            if self.config.knock and Knock.applies(info):
+                # A knock's answer tells how much of the window is back (a moving
+                # window frees one request at a time): one request until it does.
+                self._cap_next = 1
+            else:
+                self._cap_next = None if info.limit is None else max(1, int(info.limit))
 
     @property
     def delay(self) -> float:

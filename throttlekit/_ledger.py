@@ -61,7 +61,8 @@ def build_controllers(policy: ScopePolicy) -> tuple[Controller, ...]:
         controllers.append(policy.adaptive.controller(policy))
     if backoff is not None and (policy.rampup is not None or policy.adaptive is not None):
         # Rampup or Adaptive steps the scope; backoff only honours the headers.
-        controllers.append(attrs.evolve(backoff, headers_only=True).controller(policy))
+        knock = policy.adaptive is not None  # Adaptive learns how late a framework's reset is
+        controllers.append(attrs.evolve(backoff, headers_only=True, knock=knock).controller(policy))
     if policy.autothrottle is not None:
         controllers.append(policy.autothrottle.controller(policy))
     controllers.extend(factory(policy) for factory in policy.controllers)

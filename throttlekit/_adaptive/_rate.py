@@ -196,13 +196,17 @@ class RateLoop(SlotState):
             "scope %s: closed for a long window of %.1f s: %.3f/s over it", scope.name, window, edge
         )
 
-    def stated_quota(self, scope: ScopeView, rate: float | None, now: float) -> None:
+    def stated_quota(
+        self, scope: ScopeView, rate: float | None, pace: float | None, now: float
+    ) -> None:
         """The server counts its quota in headers (remaining, reset): they pace the scope.
 
         The scope's backoff keeps no more in flight than remains and waits
         for the reset when nothing does; the rate loop stands aside until a
-        refusal comes that the headers do not explain. ``rate`` is the quota
-        per second when the headers state its window.
+        refusal comes that the headers do not explain, spreading what remains
+        evenly over a window long enough to pace by (``pace`` seconds between
+        sends, from :func:`~throttlekit._backoff.stated_pace`). ``rate`` is
+        the quota per second when the headers state its window.
         """
         reason = None
         if self.phase is not Phase.STATED or self.edge != rate:
@@ -211,7 +215,7 @@ class RateLoop(SlotState):
             reason = f"the server's headers count its quota ({shown})"
         self.edge = rate
         self.target = INF if rate is None else rate
-        self.rate = INF
+        self.rate = INF if pace is None else 1.0 / pace
         self.enter(Event.QUOTA_STATED, now, reason)
 
     def cap(self, count: int, now: float) -> None:

@@ -6,6 +6,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from .._backoff import stated_pace
 from ._advance import advance
 from ._overload import on_error
 from ._parts import Parts
@@ -135,7 +136,9 @@ class AdaptiveState(Parts):
             and info.reset is not None
         ):
             limit, window = info.limit, info.window
-            loop.stated_quota(scope, limit / window if limit and window else None, now)
+            rate = limit / window if limit and window else None
+            near = info.reset <= self.config.tuning.stated_pace_within
+            loop.stated_quota(scope, rate, stated_pace(info) if near else None, now)
         return unexplained
 
     def _accepted(self, scope: ScopeView, sent_at: float, now: float) -> None:

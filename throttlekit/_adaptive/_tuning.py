@@ -76,6 +76,12 @@ class AdaptiveTuning:
     #: probe costs a refusal: 1.7 % of its sends); a rise is then followed
     #: within five windows.
     long_window_holds: float = 4.0
+    #: Seconds: a quota the headers count whose reset is at most this far is
+    #: spread evenly over its window (the steady stream a window of seconds or
+    #: minutes sees best); a longer one, such as an hourly quota, is spent as
+    #: it comes (the work is done sooner, and a limit the headers do not show
+    #: is found by the rate loop).
+    stated_pace_within: float = 300.0
     #: The widest the margin below the edge grows when refusals come while holding.
     max_margin: float = 0.5
     #: The share of the time a failed probe may cost (the server's wait after

@@ -10,6 +10,7 @@ from typing import Literal
 
 import attrs
 
+from .._knock import Knock
 from .._limiter import Limiter
 from .._policy import ScopePolicy
 from ..headers import parse as parse_headers
@@ -251,6 +252,9 @@ def _retry_after(
 ) -> None:
     backoff = getattr(policy, "backoff", None)
     cap = float(getattr(backoff, "max_delay", 300.0))
+    # A scope that knocks before a framework's late reset (Adaptive's do) is
+    # not bound by that reset: only by the waits a refusal announces.
+    knocks = getattr(backoff, "knock", False) or getattr(policy, "adaptive", None) is not None
     wall = time.time()
     # Responses take effect for sends strictly after them: those at the very
     # instant of a response may have been granted before it arrived.
@@ -258,9 +262,10 @@ def _retry_after(
     until, wait, cause = -1.0, 0.0, None
     for _, kind, record in trace.iter_events(scope):
         if kind == "response" and record.headers and record.responded is not None:
-            asked = parse_headers(
-                record.headers, now=wall, max_delay=cap, status=record.status
-            ).wait()
+            info = parse_headers(record.headers, now=wall, max_delay=cap, status=record.status)
+            asked = info.wait()
+            if knocks and info.retry_after is None and Knock.applies(info):
+                asked = None
             if asked:
                 recent.append((record.responded, asked, record))
         elif kind == "send" and record.sent is not None:
@@ -333,6 +338,9 @@ def check_respects(
         global cap).
     :param retry_after: check the Retry-After rule; ``None`` = only for
         scopes whose policy has a ``backoff`` (the controller that honours it).
+        A scope that knocks before a web framework's late ``X-RateLimit-Reset``
+        (``Backoff(knock=True)``, or :class:`~throttlekit.Adaptive`'s scopes)
+        is not held to such a reset when it is close at hand (it knocks before it).
     :returns: the violations, at most one per rule and scope (the first).
     """
     policies, global_cap = _policy_lookup(trace, policy)

@@ -1,0 +1,148 @@
+"""Knocks before a late reset: how early a de-facto stated reset really frees the quota.
+
+Web frameworks' limiters state ``X-RateLimit-Reset`` after the window
+really frees up (Flask-Limiter and slowapi add a second), so a client that
+waits for it on a one-second window loses half of each window. The draft
+RateLimit fields' reset is the server's word and is obeyed; a de-facto
+reset close at hand is tested instead: the scope sends one request (a knock)
+that much before it, and learns from the answer how far ahead of the stated
+reset the quota comes back.
+
+The lead is searched upward from the largest lead a knock proved
+(``good``, accepted) in steps that double while knocks are accepted; once
+one is refused (``bad``; its ``Retry-After`` is then honoured in full), by
+halving the leads still unknown. No lead at or above a refused one is tried
+again, so a server that states its resets honestly costs a few refusals
+once, and the knock then stays at a lead every answer allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .headers import RateLimitInfo
+
+__all__ = [
+    "DE_FACTO_SOURCES",
+    "KNOCK_FIRST",
+    "KNOCK_FREE_REFUSALS",
+    "KNOCK_REFUSALS",
+    "KNOCK_RESOLUTION",
+    "KNOCK_WITHIN",
+    "Knock",
+]
+
+INF = math.inf
+
+#: Header families whose reset is a convention of the frameworks, not the
+#: RateLimit draft's ``t`` (which a client obeys as the server's word).
+DE_FACTO_SOURCES = frozenset({"x-ratelimit"})
+#: Knock only before resets at most this many seconds away: a longer window is
+#: paced over (``MIN_PACE_RESET``), where a second late costs little of it.
+KNOCK_WITHIN = 5.0
+#: The first knock's lead, as a share of the stated wait: it wins a quarter
+#: and risks one refusal; each accepted knock doubles the step.
+KNOCK_FIRST = 1.0 / 4.0
+#: The search for the lead ends when the leads still unknown span less than
+#: this share of the stated wait (five halvings, about 3 % of a window).
+KNOCK_RESOLUTION = 1.0 / 32.0
+#: Knocks that may be refused (above every lead accepted) are tried while the
+#: refused ones stay under KNOCK_FREE_REFUSALS plus this share of the answers:
+#: half of the 2 % of refusals a scope may cost.
+KNOCK_REFUSALS = 0.01
+#: The refused knocks a search may cost before it is held to that share: a
+#: lead is found in a few knocks, and a second refusal halves what is unknown.
+KNOCK_FREE_REFUSALS = 2.0
+
+
+class Knock:
+    """What the knocks before one scope's late resets have shown (plain data).
+
+    ``good`` is the largest lead accepted, ``bad`` the smallest refused,
+    ``step`` how far above ``good`` the next knock goes (0: not begun),
+    ``lead`` the lead of the knock under way, sent at or after ``at``;
+    ``answers`` counts the scope's answers, ``refused`` its refused knocks.
+    """
+
+    __slots__ = ("answers", "at", "bad", "good", "lead", "refused", "step")
+
+    def __init__(self, state: list[float] | None = None) -> None:
+        self.good, self.bad, self.step, self.lead, self.at, self.answers, self.refused = state or (
+            0.0,
+            INF,
+            0.0,
+            0.0,
+            INF,
+            0.0,
+            0.0,
+        )
+
+    def state(self) -> list[float]:
+        """The knock's state as plain data (a scope's state shares through Redis)."""
+        return [self.good, self.bad, self.step, self.lead, self.at, self.answers, self.refused]
+
+    def wait(self, info: RateLimitInfo, now: float) -> float | None:
+        """The wait the answer asks for: its :meth:`~RateLimitInfo.wait`, less a lead learned.
+
+        Only a spent quota whose de-facto reset is at most
+        :data:`KNOCK_WITHIN` seconds away is knocked on early; a refusal's
+        own ``Retry-After`` is always waited in full, and after a refusal
+        the knock keeps to a lead already accepted.
+        """
+        reset = info.reset
+        if not self.applies(info):
+            return info.wait()
+        assert reset is not None
+        top = min(self.bad, reset)
+        if (
+            info.retry_after is not None
+            or top - self.good <= reset * KNOCK_RESOLUTION
+            or self.refused >= KNOCK_FREE_REFUSALS + self.answers * KNOCK_REFUSALS
+        ):
+            self.lead = min(self.good, top)
+        else:
+            self.step = self.step or reset * KNOCK_FIRST
+            self.lead = min(self.good + self.step, (self.good + top) / 2.0)
+        wait = max(info.retry_after or 0.0, reset - self.lead)
+        self.at = now + wait
+        return wait
+
+    @staticmethod
+    def applies(info: RateLimitInfo) -> bool:
+        """Whether ``info`` is a spent quota with a de-facto reset close enough to knock before."""
+        reset = info.reset
+        return (
+            info.remaining == 0
+            and reset is not None
+            and reset <= KNOCK_WITHIN
+            and info.source in DE_FACTO_SOURCES
+        )
+
+    def answered(self, sent_at: float | None, now: float, *, accepted: bool) -> bool:
+        """Learn from an answer; whether it was a knock's, accepted (the window is new).
+
+        The first answer to a request sent at or after the knock's instant is
+        the knock's; it counts with the lead it was sent with (a knock held
+        back by the scope's other limits was sent with less). After a refused
+        knock, the first request sent once its wait is over knocks again,
+        without a lead: how much of the window is back is not known until it
+        answers.
+        """
+        self.answers += 1.0
+        if sent_at is None or sent_at < self.at:
+            return False
+        lead = max(0.0, self.lead - (sent_at - self.at))  # the lead it was sent with
+        self.at = INF
+        if accepted:
+            if lead > self.good:
+                self.good, self.step = lead, 2.0 * self.step
+            return True
+        if lead > 0.0:
+            self.bad, self.refused = lead, self.refused + 1.0
+            if self.good >= lead:  # a lead that was accepted is not now: search below it
+                self.good = lead / 2.0
+            self.step = (self.bad - self.good) / 2.0
+        self.lead, self.at = 0.0, now
+        return False
