@@ -20,6 +20,8 @@ from throttlekit.testing import (
     CapacityServer,
     CDNServer,
     FlakyServer,
+    FrameworkLimiter,
+    HAProxyRate,
     QuotaServer,
     Responder,
     ServerModel,
@@ -304,6 +306,52 @@ def test_nginx_limit_conn_answering_503_at_once_is_found_within_seconds(
     assert _time_to(trace, 0.9 * 40.0) <= 15.0
     sent = [r for r in trace.requests if r.sent is not None]
     assert sum(1 for r in sent if r.status == 503) < 0.02 * len(sent)
+
+
+#: Real limiters' models, as their sources count (``throttlekit.testing``):
+#: the model, its allowed rate, the run and the span the 90 % is counted over.
+REAL_LIMITERS: dict[str, tuple[ServerModel, float, float, float]] = {
+    # A counter over the last period that counts refused requests too.
+    "HAProxy http_req_rate(1s) above 10": (HAProxyRate(limit=10, latency=0.001), 10.0, 40.0, 5.0),
+    "HAProxy above 5, 20 ms": (HAProxyRate(limit=5, latency=0.02), 5.0, 40.0, 5.0),
+    "HAProxy above 50": (HAProxyRate(limit=50, latency=0.001), 50.0, 40.0, 5.0),
+    # slowapi: a moving window with X-RateLimit-* (its reset a second late)
+    # and Retry-After on every response, 200s included.
+    "limits moving window 10/s, headers on every response": (
+        FrameworkLimiter(limit=10, window=1.0, reset_format="float", latency=0.001),
+        10.0,
+        40.0,
+        5.0,
+    ),
+    # Flask-Limiter: a fixed minute from the first request, its reset in
+    # whole seconds a second late; 90 % within its second window.
+    "limits fixed minute 60, headers on every response": (
+        FrameworkLimiter(limit=60, window=60.0, strategy="fixed", latency=0.001),
+        1.0,
+        150.0,
+        60.0,
+    ),
+    "limits fixed minute 120, 50 ms": (
+        FrameworkLimiter(limit=120, window=60.0, strategy="fixed", latency=0.05),
+        2.0,
+        150.0,
+        60.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("limiter", sorted(REAL_LIMITERS))
+def test_real_limiters_models_are_used_to_the_target(limiter: str, backend: str) -> None:
+    # The issue's target: 95 % of the allowed rate over the second half,
+    # under 2 % refused, 90 % within 15 s (a minute's window: its second),
+    # and nothing sent inside a wait a refusal announced.
+    server, allowed, duration, span = REAL_LIMITERS[limiter]
+    trace = _run(server, duration, backend)
+    assert _ok_rate(trace, duration / 2, duration) >= 0.95 * allowed
+    assert _refused(trace) < 0.02
+    assert _time_to(trace, 0.9 * allowed, span=span) + span <= (15.0 if span < 60 else 2 * span)
+    assert_respects(trace, CEILING, retry_after=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -46,8 +46,8 @@ KNOCK_WITHIN = 5.0
 #: and risks one refusal; each accepted knock doubles the step.
 KNOCK_FIRST = 1.0 / 4.0
 #: The search for the lead ends when the leads still unknown span less than
-#: this share of the stated wait (five halvings, about 3 % of a window).
-KNOCK_RESOLUTION = 1.0 / 32.0
+#: this share of the stated wait (six halvings: under 2 % of a one-second window).
+KNOCK_RESOLUTION = 1.0 / 64.0
 #: Knocks that may be refused (above every lead accepted) are tried while the
 #: refused ones stay under KNOCK_FREE_REFUSALS plus this share of the answers:
 #: half of the 2 % of refusals a scope may cost.

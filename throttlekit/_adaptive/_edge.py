@@ -47,14 +47,17 @@ def set_edge(
     loop.enter(
         Event.EDGE,
         max(now, loop.blocked_until),
-        f"throttled at {sent:.3g}/s, edge {edge:.3g}/s, holding {loop.hold_for:g} s",
+        f"throttled at {sent:.3g}/s, edge {edge:.3g}/s (a rate over {loop.horizon:.3g} s), "
+        f"holding {loop.hold_for:g} s",
     )
     logger.debug(
-        "scope %s: throttled at %.3f/s, edge %.3f/s (%s), rate -> %.3f/s, hold %g s",
+        "scope %s: throttled at %.3f/s, edge %.3f/s (%s; a rate over %.3g s), rate -> %.3f/s, "
+        "hold %g s",
         scope.name,
         sent,
         edge,
         "confirmed" if confirmed else "new",
+        loop.horizon,
         loop.rate,
         loop.hold_for,
     )
@@ -112,10 +115,12 @@ def _climb(loop: RateLoop, scope: ScopeView, sent: float, now: float, pause: flo
     loop.enter(
         Event.CLIMB,
         max(now, loop.blocked_until),
-        f"throttled at {sent:.3g}/s, climbing from {loop.target:.3g}/s",
+        f"throttled at {sent:.3g}/s as soon as it searched up: a leaky bucket, "
+        f"climbing from {loop.target:.3g}/s",
     )
     logger.debug(
-        "scope %s: throttled at %.3f/s searching up, about the %.3f/s proved: climbing",
+        "scope %s: throttled at %.3f/s searching up, about the %.3f/s proved: "
+        "a leaky bucket, climbing",
         scope.name,
         sent,
         proved,

@@ -190,7 +190,8 @@ class RateLoop(SlotState):
         self.enter(
             Event.LONG_WINDOW,
             now,
-            f"closed for a long window, edge {edge:.3g}/s, holding {self.hold_for:g} s",
+            f"closed for a long window: a window of {window:.3g} s, edge {edge:.3g}/s, "
+            f"holding {self.hold_for:g} s",
         )
         logger.debug(
             "scope %s: closed for a long window of %.1f s: %.3f/s over it", scope.name, window, edge
@@ -223,7 +224,11 @@ class RateLoop(SlotState):
         self.rate = self.target = INF
         self.edge = None
         self.cut_at = now
-        self.enter(Event.IN_FLIGHT_LIMIT, now, f"the server allows {count} in flight")
+        self.enter(
+            Event.IN_FLIGHT_LIMIT,
+            now,
+            f"the server allows {count} in flight: a limit on requests in flight",
+        )
 
     def overload(self, sent: float, now: float) -> None:
         """Cut for overload from the rate sent (``sent`` per second, 0 if unknown): hold lower."""
