@@ -638,16 +638,18 @@ class BackoffState(SlotState):
             # reset. Responses answered together arrive in any order, so within
             # one reset the smallest remaining counts.
             cap = max(1, int(remaining))
+            if self.config.knock and Knock.near(info):
+                # One request after the reset tells how much of the window is back.
+                after: int | None = 1
+            else:
+                after = None if info.limit is None else max(1, int(info.limit))
             if now < self._cap_until and self._cap is not None:
                 self._cap = min(self._cap, cap)
+                if after is not None and self._cap_next is not None:
+                    after = min(after, self._cap_next)
             else:
                 self._cap, self._cap_until = cap, now + min(reset, max_delay)
-            if self.config.knock and Knock.applies(info):
-                # A knock's answer tells how much of the window is back (a moving
-                # window frees one request at a time): one request until it does.
-                self._cap_next = 1
-            else:
-                self._cap_next = None if info.limit is None else max(1, int(info.limit))
+            self._cap_next = after
 
     @property
     def delay(self) -> float:

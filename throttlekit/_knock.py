@@ -99,7 +99,7 @@ class Knock:
         if (
             info.retry_after is not None
             or top - self.good <= reset * KNOCK_RESOLUTION
-            or self.refused >= KNOCK_FREE_REFUSALS + self.answers * KNOCK_REFUSALS
+            or self.refused + 1.0 > KNOCK_FREE_REFUSALS + self.answers * KNOCK_REFUSALS
         ):
             self.lead = min(self.good, top)
         else:
@@ -112,13 +112,17 @@ class Knock:
     @staticmethod
     def applies(info: RateLimitInfo) -> bool:
         """Whether ``info`` is a spent quota with a de-facto reset close enough to knock before."""
+        return info.remaining == 0 and Knock.near(info)
+
+    @staticmethod
+    def near(info: RateLimitInfo) -> bool:
+        """Whether ``info``'s reset is a de-facto one at most :data:`KNOCK_WITHIN` seconds away.
+
+        Whether all of the quota comes back then is not known (a moving window
+        lets go of one request at a time): one request after it tells.
+        """
         reset = info.reset
-        return (
-            info.remaining == 0
-            and reset is not None
-            and reset <= KNOCK_WITHIN
-            and info.source in DE_FACTO_SOURCES
-        )
+        return reset is not None and reset <= KNOCK_WITHIN and info.source in DE_FACTO_SOURCES
 
     def answered(self, sent_at: float | None, now: float, *, accepted: bool) -> bool:
         """Learn from an answer; whether it was a knock's, accepted (the window is new).
