@@ -480,6 +480,39 @@ async def test_local_line_keeps_priority_and_order(redis_server: RedisServer, pr
 
 
 @pytest.mark.anyio
+async def test_tasks_starting_together_leave_no_idle_turns_behind(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    # Tasks that start at once used to ask Redis before any of them stood in
+    # line; each was handed a turn one delay after the last, so a task asking
+    # later was told to wait behind turns already served early: the scope
+    # stood idle for up to tasks x delay (4 s at 4/s with 16 tasks). The tasks
+    # take the two scopes in turn, so that half of them first ask with the
+    # other scope's line already formed.
+    delay, tasks, seconds = 0.05, 30, 2.0
+    backend = make_backend(redis_server, prefix)
+    limiter = throttlekit.Limiter(default=fast(concurrency=None, delay=delay), backend=backend)
+    granted: dict[str, list[float]] = {"a": [], "b": []}
+
+    scopes = itertools.cycle(granted)
+
+    async def task() -> None:
+        for scope in scopes:
+            async with limiter.acquire(scopes=scope):
+                granted[scope].append(time.monotonic())
+
+    with anyio.move_on_after(seconds):
+        async with anyio.create_task_group() as group:
+            for _ in range(tasks):
+                group.start_soon(task)
+    await backend.aclose()
+    for times in granted.values():
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        assert max(gaps) < 4 * delay, [round(gap, 3) for gap in gaps]
+        assert len(times) >= 0.8 * seconds / delay
+
+
+@pytest.mark.anyio
 async def test_renew_and_keep_alive(
     redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
