@@ -1,6 +1,7 @@
-"""The real-limiter suite: Adaptive, Backoff alone, an oracle that knows the limit and Scrapy's
-AutoThrottle against real nginx, HAProxy and limits-library limiters, configured as their
-documentation shows and counted from the servers' own access logs.
+"""The real-limiter suite: Adaptive (in one process, and in three sharing its scope through
+Redis), Backoff alone, an oracle that knows the limit and Scrapy's AutoThrottle against real
+nginx, HAProxy and limits-library limiters, configured as their documentation shows and counted
+from the servers' own access logs.
 
 Rate limiters as deployed, configured as their own documentation shows, each
 served by a child process on 127.0.0.1 with its own configuration in a
