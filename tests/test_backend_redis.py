@@ -513,6 +513,42 @@ async def test_tasks_starting_together_leave_no_idle_turns_behind(
 
 
 @pytest.mark.anyio
+async def test_a_release_whose_feedback_keeps_meeting_newer_state_still_frees_its_slot(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    # Three Adaptive processes against a window that answers ten requests at
+    # once: a release's feedback met a newer state on every try, was dropped,
+    # and the release ended there with its lease still held. Concurrency 1
+    # (Adaptive's while a stated quota is spent) then stood still for the
+    # lease time, 60 s, in every process. Here another writer moves the
+    # scope's state whenever this controller runs.
+    state_key = backend_keys(prefix, "contended")[1]
+    other_writer = redis.Redis.from_url(redis_server.url)
+
+    class Contended(throttlekit.BaseController):
+        def __init__(self, policy: ScopePolicy) -> None:
+            self.runs = 0
+
+        def on_feedback(self, scope: Any, feedback: Any, now: float) -> None:
+            self.runs += 1
+            other_writer.hincrby(state_key, "ver", 1)
+
+    backend = make_backend(redis_server, prefix)
+    policy = fast(concurrency=1, delay=0.0, controllers=(Contended,))
+    limiter = throttlekit.Limiter(default=policy, backend=backend)
+    try:
+        async with limiter.acquire(scopes="contended") as permit:
+            permit.record(status=200)
+        assert other_writer.zcard(backend_keys(prefix, "contended")[0]) == 0
+        with anyio.fail_after(2.0):
+            async with limiter.acquire(scopes="contended"):
+                pass
+    finally:
+        other_writer.close()
+        await backend.aclose()
+
+
+@pytest.mark.anyio
 async def test_renew_and_keep_alive(
     redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
