@@ -314,6 +314,7 @@ class _States:
 
 def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
     import anyio
+    import attrs
     import httpx
 
     from throttlekit import Limiter
@@ -340,6 +341,7 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
     started: list[float] = []
     cpu_at_start: list[float] = []
     scopes: dict[str, Any] = {}
+    calls: dict[str, Any] = {}  # the Redis backend's counters
 
     async def crawl() -> None:
         urls = request_list(plan["sites"])
@@ -376,6 +378,7 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
             stopped.append(time.monotonic())
         scopes.update({name: _final(scope) for name, scope in (await states.read()).items()})
         if backend is not None:
+            calls.update(attrs.asdict(backend.statistics()))
             await backend.aclose()
 
     anyio.run(crawl)
@@ -386,6 +389,7 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
         "samples": samples,
         "cpu": time.process_time() - (cpu_at_start[0] if cpu_at_start else 0.0),
         "scopes": scopes,
+        **({"redis": calls} if calls else {}),
     }
 
 

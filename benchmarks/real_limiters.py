@@ -375,11 +375,14 @@ def _view(result: dict[str, Any], instance: Instance) -> dict[str, Any]:
                     sample.get("reason"),
                 ]
             )
-    return {
+    view = {
         "final": (result.get("scopes") or {}).get(scope),
         "samples": samples,
         "counts": result.get("counts"),
     }
+    if "redis" in result:  # the Redis backend's round trips (a shared client)
+        view["redis"] = result["redis"]
+    return view
 
 
 def _wait_clients(started: Sequence[_Started], budget: float) -> None:
