@@ -36,7 +36,7 @@ second half, the same against what the oracle got, the share refused over the
 run, the time to 90 % of the allowed rate and the requests sent inside a wait
 announced on a refusal.
 
-Runs last 40 s, one limiter after the other with the four clients at once;
+Runs last 40 s, one limiter after the other with the five clients at once;
 the fixed minute runs 150 s alongside them. ``--quick`` sends every client to
 every limiter at once for a few seconds, to show the machinery works. nginx
 and HAProxy come from the system's packages: the suite installs them with
