@@ -363,7 +363,10 @@ class Client:
     ``"baseline"``); ``settings`` are its Scrapy settings, ``policy`` its
     ``ScopePolicy`` keywords (httpx, see :mod:`benchmarks.quality_clients`);
     ``family`` groups the clients of one throttling configuration
-    (``"scrapy"``, ``"backoff"``, ``"adaptive"``).
+    (``"scrapy"``, ``"backoff"``, ``"adaptive"``); ``processes`` (httpx) is
+    how many processes run it: more than one share their scopes through one
+    Redis, the sending tasks split among them (the real-limiter suite runs
+    such a client).
     """
 
     name: str
@@ -373,6 +376,7 @@ class Client:
     settings: dict[str, Any] = field(default_factory=dict)
     policy: dict[str, Any] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
+    processes: int = 1
 
     @property
     def configuration(self) -> dict[str, Any]:

@@ -26,6 +26,16 @@ Usage: ``python -m benchmarks.quality_clients plan.json result.json``
   the ``budget`` seconds after the first request reached it);
 * ``workers`` (httpx): tasks sending requests; ``sample_interval``: seconds
   between samples of the throttling state (delay per site);
+* ``redis`` (httpx): ``{"url", "prefix"}``: the limiter keeps its scopes in
+  that Redis (:class:`~throttlekit.backends.redis.RedisBackend`, failing
+  closed), shared with every process given the same ones; the samples and
+  the final state are then the shared state read from Redis;
+* ``ready`` and ``go`` (httpx): paths; once set up, the client creates
+  ``ready`` and starts crawling when ``go`` exists (so that several
+  processes start together);
+* ``decisions`` (httpx): a path where throttlekit's DEBUG log (the
+  controllers' decisions, with their reasons) goes, each line stamped with
+  the epoch time;
 * ``samples`` (baseline): the 200 responses per site after which it stops;
   ``settle`` (baseline): seconds to wait before the first request, while
   the other clients started with it load their modules.
@@ -250,8 +260,61 @@ def _finish(output: Path, result: dict[str, Any]) -> None:
 # -- httpx -------------------------------------------------------------------------------
 
 
+def _log_decisions(path: str) -> None:
+    """Send throttlekit's DEBUG log to ``path``, each line stamped with the epoch time."""
+    import logging
+
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(created).3f %(name)s %(message)s"))
+    logger = logging.getLogger("throttlekit")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+
+
+async def _start_together(plan: dict[str, Any]) -> None:
+    """Say ``ready`` and wait for ``go`` (see the module doc); at once without them."""
+    import anyio
+
+    if plan.get("ready"):
+        await anyio.Path(plan["ready"]).touch()
+    go = plan.get("go")
+    # Another process's file: there is no event to wait on.
+    while go and not await anyio.Path(go).exists():  # noqa: ASYNC110
+        await anyio.sleep(0.01)
+
+
+def _final(scope: Any) -> dict[str, Any]:
+    return {
+        "delay": scope.delay,
+        "concurrency": scope.concurrency,
+        "backoff_level": getattr(scope, "backoff_level", None),
+        "last_signal": getattr(scope, "last_signal", None),
+        "blocked_until": _finite(scope.blocked_until),
+        "reason": getattr(scope, "reason", None),
+    }
+
+
+class _States:
+    """The scopes' states: this process's, or with ``backend`` the shared ones read from Redis."""
+
+    def __init__(self, limiter: Any, backend: Any, plan: dict[str, Any]) -> None:
+        from throttlekit.scopes import by_host
+
+        self.limiter = limiter
+        self.backend = backend
+        self.names = sorted({by_host(site["url"]) for site in plan["sites"]})
+
+    async def read(self) -> dict[str, Any]:
+        if self.backend is None:
+            return dict(self.limiter.statistics().scopes)
+        return {
+            name: await self.backend.scope_statistics(self.limiter, name) for name in self.names
+        }
+
+
 def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
     import anyio
+    import attrs
     import httpx
 
     from throttlekit import Limiter
@@ -263,11 +326,22 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
     stopped: list[float] = []
     workers = int(plan.get("workers", 64))
     policy = policy_from_plan(plan["policy"])
-    limiter = Limiter(default=policy, concurrency=policy.concurrency)
+    backend = None
+    if plan.get("redis"):
+        from throttlekit.backends.redis import RedisBackend
+
+        redis = plan["redis"]
+        backend = RedisBackend.from_url(redis["url"], prefix=redis["prefix"], failure="fail_closed")
+    if plan.get("decisions"):
+        _log_decisions(plan["decisions"])
+    limiter = Limiter(default=policy, concurrency=policy.concurrency, backend=backend)
+    states = _States(limiter, backend, plan)
     counts: Counter[str] = Counter()
     samples: list[dict[str, Any]] = []
     started: list[float] = []
     cpu_at_start: list[float] = []
+    scopes: dict[str, Any] = {}
+    calls: dict[str, Any] = {}  # the Redis backend's counters
 
     async def crawl() -> None:
         urls = request_list(plan["sites"])
@@ -290,9 +364,10 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
                 while True:
                     await anyio.sleep(interval)
                     now = time.monotonic()
-                    for name, scope in limiter.statistics().scopes.items():
+                    for name, scope in (await states.read()).items():
                         samples.append(_sample(now, name, scope))
 
+            await _start_together(plan)
             started.append(time.monotonic())
             cpu_at_start.append(time.process_time())
             with anyio.move_on_after(budget + margin):
@@ -301,19 +376,12 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
                     for _ in range(workers):
                         group.start_soon(worker)
             stopped.append(time.monotonic())
+        scopes.update({name: _final(scope) for name, scope in (await states.read()).items()})
+        if backend is not None:
+            calls.update(attrs.asdict(backend.statistics()))
+            await backend.aclose()
 
     anyio.run(crawl)
-    scopes = {
-        name: {
-            "delay": scope.delay,
-            "concurrency": scope.concurrency,
-            "backoff_level": getattr(scope, "backoff_level", None),
-            "last_signal": getattr(scope, "last_signal", None),
-            "blocked_until": _finite(scope.blocked_until),
-            "reason": getattr(scope, "reason", None),
-        }
-        for name, scope in limiter.statistics().scopes.items()
-    }
     return {
         "started": started[0] if started else None,
         "stopped": stopped[0] if stopped else None,
@@ -321,6 +389,7 @@ def run_httpx(plan: dict[str, Any]) -> dict[str, Any]:
         "samples": samples,
         "cpu": time.process_time() - (cpu_at_start[0] if cpu_at_start else 0.0),
         "scopes": scopes,
+        **({"redis": calls} if calls else {}),
     }
 
 

@@ -1,6 +1,7 @@
-"""The real-limiter suite: Adaptive, Backoff alone, an oracle that knows the limit and Scrapy's
-AutoThrottle against real nginx, HAProxy and limits-library limiters, configured as their
-documentation shows and counted from the servers' own access logs.
+"""The real-limiter suite: Adaptive (in one process, and in three sharing its scope through
+Redis), Backoff alone, an oracle that knows the limit and Scrapy's AutoThrottle against real
+nginx, HAProxy and limits-library limiters, configured as their documentation shows and counted
+from the servers' own access logs.
 
 Rate limiters as deployed, configured as their own documentation shows, each
 served by a child process on 127.0.0.1 with its own configuration in a
@@ -24,20 +25,25 @@ limiter (the limiters key by client address, and every client here is
 127.0.0.1): **Adaptive** (``ScopePolicy(concurrency=16, delay=0, slot_delay=0,
 adaptive=Adaptive())`` behind the httpx transport, 64 senders), **Backoff**
 alone (``concurrency=16, delay=0``), an **oracle** that sends evenly at the
-known limit (or keeps the allowed number in flight) and **Scrapy's
-AutoThrottle** (a real Scrapy crawl). Every number is counted from the
+known limit (or keeps the allowed number in flight), **Scrapy's
+AutoThrottle** (a real Scrapy crawl) and **Adaptive x3 via Redis**: the
+Adaptive client's policy in three processes, the 64 senders split among
+them, one scope shared through a redis-server the suite starts
+(:class:`~throttlekit.backends.redis.RedisBackend`), which should get what
+one process gets. Every number is counted from the
 servers' own access logs: the share of the allowed rate served over the
 second half, the same against what the oracle got, the share refused over the
 run, the time to 90 % of the allowed rate and the requests sent inside a wait
 announced on a refusal.
 
-Runs last 40 s, one limiter after the other with the four clients at once;
+Runs last 40 s, one limiter after the other with the five clients at once;
 the fixed minute runs 150 s alongside them. ``--quick`` sends every client to
 every limiter at once for a few seconds, to show the machinery works. nginx
 and HAProxy come from the system's packages: the suite installs them with
 apt-get when it can and otherwise says what it skipped.
 
-Usage: ``python -m benchmarks.real_limiters [--quick] [--output FILE] [--plots DIR]``;
+Usage: ``python -m benchmarks.real_limiters [--quick] [--output FILE] [--plots DIR]
+[--limiters NAME,...] [--clients NAME,...] [--keep DIR]``;
 ``python -m benchmarks --only real-limiters --output benchmarks/results/latest.json``
 then ``python -m benchmarks.report`` puts it on the results page.
 """
@@ -46,14 +52,17 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -63,7 +72,16 @@ from .quality import CEILING, SCRAPY_CEILING, Client, adaptive_available, inside
 from .quality_sites import Record
 from .real_limiters_servers import Instance, RealLimiter, Servers, ensure_servers, free_port
 
-__all__ = ["CLIENTS", "LIMITERS", "SUITES", "main", "measure", "run_real_limiters"]
+__all__ = [
+    "CLIENTS",
+    "LIMITERS",
+    "SUITES",
+    "main",
+    "measure",
+    "redis_server",
+    "run_client",
+    "run_real_limiters",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 #: Seconds of a run, of the fixed-minute run (two and a half windows) and of a quick run.
@@ -79,9 +97,12 @@ WORKERS = 64
 #: "Reached": a trailing window (5 s, or the limiter's own window) with this share served.
 REACH_SHARE = 0.90
 REACH_STEP = 0.25
-#: The issue's targets, judged on Adaptive.
+#: The issue's targets, judged on Adaptive (in one process and shared by three).
 TARGET_ORACLE_SHARE = 0.95
 TARGET_REFUSED = 0.02
+TARGETED = ("Adaptive", "Adaptive x3 via Redis")
+#: Seconds the processes of a shared client may take to start before they are given up.
+READY_TIMEOUT = 120.0
 
 LIMITERS: tuple[RealLimiter, ...] = (
     RealLimiter(
@@ -172,6 +193,17 @@ CLIENTS: tuple[Client, ...] = (
         settings={**SCRAPY_CEILING, "AUTOTHROTTLE_ENABLED": True},
         needs=("scrapy",),
     ),
+    Client(
+        "Adaptive x3 via Redis",
+        "httpx",
+        "adaptive",
+        "the Adaptive client's policy in three processes started together, the 64 tasks "
+        "split among them (22 + 21 + 21), its scope shared through one redis-server "
+        "(RedisBackend, failing closed); each process's own global cap is 16",
+        policy={**CEILING, "adaptive": {}},
+        needs=("httpx", "redis"),
+        processes=3,
+    ),
 )
 
 
@@ -234,7 +266,9 @@ def measure(records: Sequence[Record], limiter: RealLimiter, budget: float) -> d
 # -- running -----------------------------------------------------------------------------
 
 
-def _plan(client: Client, instances: Sequence[Instance], budget: float) -> dict[str, Any]:
+def _plan(
+    client: Client, instances: Sequence[Instance], budget: float, workers: int = WORKERS
+) -> dict[str, Any]:
     return {
         "client": client.kind,
         "settings": client.settings,
@@ -245,32 +279,83 @@ def _plan(client: Client, instances: Sequence[Instance], budget: float) -> dict[
         ],
         "budget": budget,
         "margin": QUICK_MARGIN if budget <= QUICK_SECONDS else MARGIN,
-        "workers": WORKERS,
+        "workers": workers,
         "sample_interval": 0.5,
     }
 
 
-_Started = tuple[subprocess.Popen[bytes], Path, Sequence[Instance]]
+@dataclass
+class _Started:
+    """One client process: what it crawls, where its files are, and its start barrier."""
+
+    process: subprocess.Popen[bytes]
+    workdir: Path
+    instances: Sequence[Instance]
+    ready: Path | None = None
+    go: Path | None = None
 
 
-def _start_client(
-    client: Client, instances: Sequence[Instance], budget: float, workdir: Path
-) -> _Started:
-    """Start one client process crawling ``instances``."""
+def _spawn(plan: dict[str, Any], workdir: Path) -> subprocess.Popen[bytes]:
     workdir.mkdir(parents=True, exist_ok=True)
-    plan = workdir / "plan.json"
-    plan.write_text(json.dumps(_plan(client, instances, budget)), encoding="utf-8")
+    (workdir / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
     path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    command = [sys.executable, "-m", "benchmarks.quality_clients", str(plan)]
+    command = [sys.executable, "-m", "benchmarks.quality_clients", str(workdir / "plan.json")]
     with (workdir / "log.txt").open("wb") as log:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [*command, str(workdir / "result.json")],
             cwd=workdir,
             env={**os.environ, "PYTHONPATH": path},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    return process, workdir, instances
+
+
+def _start_client(
+    client: Client,
+    instances: Sequence[Instance],
+    budget: float,
+    workdir: Path,
+    redis_url: str | None = None,
+) -> list[_Started]:
+    """Start the process(es) of one client crawling ``instances``.
+
+    A client of several processes shares its scopes through ``redis_url``
+    (under a prefix of its own), its senders split among them; they start
+    crawling together once :func:`_release` sees them all ready.
+    """
+    if client.processes == 1:
+        plan = _plan(client, instances, budget)
+        if client.family == "adaptive":
+            plan["decisions"] = str(workdir / "decisions.log")
+        return [_Started(_spawn(plan, workdir), workdir, instances)]
+    if redis_url is None:
+        raise RuntimeError(f"{client.name} needs a redis-server")
+    go = workdir / "go"
+    started = []
+    for part in range(client.processes):
+        workers = WORKERS // client.processes + (part < WORKERS % client.processes)
+        plan = _plan(client, instances, budget, workers)
+        own = workdir / f"p{part}"
+        plan.update(
+            redis={"url": redis_url, "prefix": f"real-limiters-{workdir.name}"},
+            ready=str(own / "ready"),
+            go=str(go),
+            decisions=str(own / "decisions.log"),
+        )
+        started.append(_Started(_spawn(plan, own), own, instances, own / "ready", go))
+    return started
+
+
+def _release(started: Sequence[_Started]) -> None:
+    """Let the processes of each shared client start together, once all of them are ready."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    for one in started:
+        while one.ready is not None and not one.ready.exists():
+            if one.process.poll() is not None or time.monotonic() > deadline:
+                break  # its log says why: _wait_clients raises with it
+            time.sleep(0.02)
+    for go in {one.go for one in started if one.go is not None}:
+        go.touch()
 
 
 def _view(result: dict[str, Any], instance: Instance) -> dict[str, Any]:
@@ -290,28 +375,65 @@ def _view(result: dict[str, Any], instance: Instance) -> dict[str, Any]:
                     sample.get("reason"),
                 ]
             )
-    return {
+    view = {
         "final": (result.get("scopes") or {}).get(scope),
         "samples": samples,
         "counts": result.get("counts"),
     }
+    if "redis" in result:  # the Redis backend's round trips (a shared client)
+        view["redis"] = result["redis"]
+    return view
 
 
 def _wait_clients(started: Sequence[_Started], budget: float) -> None:
-    for process, workdir, instances in started:
+    """Wait for the processes; each instance gets its client's view (per process if several)."""
+    views: dict[int, list[dict[str, Any]]] = {}
+    for one in started:
         try:
-            code = process.wait(timeout=budget + 120)
+            code = one.process.wait(timeout=budget + 120)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            one.process.kill()
+            one.process.wait()
             code = None
-        output = workdir / "result.json"
+        output = one.workdir / "result.json"
         if code != 0 or not output.exists():
-            log = (workdir / "log.txt").read_text(encoding="utf-8", errors="replace")
-            raise RuntimeError(f"client in {workdir.name} exited with {code}: {log[-3000:]}")
+            log = (one.workdir / "log.txt").read_text(encoding="utf-8", errors="replace")
+            raise RuntimeError(f"client in {one.workdir} exited with {code}: {log[-3000:]}")
         result = json.loads(output.read_text(encoding="utf-8"))
-        for instance in instances:
-            instance.view = _view(result, instance)
+        for instance in one.instances:
+            views.setdefault(id(instance), []).append(_view(result, instance))
+    for one in started:
+        for instance in one.instances:
+            seen = views[id(instance)]
+            instance.view = seen[0] if len(seen) == 1 else {"processes": seen}
+
+
+def _stop(started: Sequence[_Started]) -> None:
+    """Stop, by PID, the client processes still running (after a failure)."""
+    for one in started:
+        if one.process.poll() is None:
+            one.process.kill()
+            one.process.wait()
+
+
+def run_client(
+    client: Client,
+    instances: Sequence[Instance],
+    budget: float,
+    workdir: Path,
+    redis_url: str | None = None,
+) -> None:
+    """Run ``client`` (all its processes, started together) against ``instances`` for
+    ``budget`` seconds; each instance gets the client's view (per process if several).
+
+    A client of several processes needs ``redis_url`` (:func:`redis_server`).
+    """
+    started = _start_client(client, instances, budget, workdir, redis_url)
+    try:
+        _release(started)
+        _wait_clients(started, budget)
+    finally:
+        _stop(started)
 
 
 def _run_full(
@@ -319,96 +441,187 @@ def _run_full(
     limiters: Sequence[RealLimiter],
     clients: Sequence[Client],
     workdir: Path,
+    redis_url: str | None,
 ) -> None:
     """Each limiter with the clients at once, one after the other; the long ones alongside."""
     long = [limiter for limiter in limiters if limiter.seconds > RUN_SECONDS]
-    background = [
-        _start_client(c, [instances[lim.name, c.name]], lim.seconds, workdir / f"{lim.slug}-{n}")
-        for lim in long
-        for n, c in enumerate(clients)
-    ]
-    for limiter in limiters:
-        if limiter in long:
-            continue
-        group = [
-            _start_client(
-                c,
-                [instances[limiter.name, c.name]],
-                limiter.seconds,
-                workdir / f"{limiter.slug}-{n}",
-            )
+    everything: list[_Started] = []
+    try:
+        background = [
+            one
+            for lim in long
             for n, c in enumerate(clients)
+            for one in _start_client(
+                c,
+                [instances[lim.name, c.name]],
+                lim.seconds,
+                workdir / f"{lim.slug}-{n}",
+                redis_url,
+            )
         ]
-        _wait_clients(group, limiter.seconds)
-    _wait_clients(background, LONG_RUN_SECONDS)
+        everything += background
+        _release(background)
+        for limiter in limiters:
+            if limiter in long:
+                continue
+            group = [
+                one
+                for n, c in enumerate(clients)
+                for one in _start_client(
+                    c,
+                    [instances[limiter.name, c.name]],
+                    limiter.seconds,
+                    workdir / f"{limiter.slug}-{n}",
+                    redis_url,
+                )
+            ]
+            everything += group
+            _release(group)
+            _wait_clients(group, limiter.seconds)
+        _wait_clients(background, LONG_RUN_SECONDS)
+    finally:
+        _stop(everything)
 
 
 def _run_quick(
-    instances: dict[tuple[str, str], Instance], clients: Sequence[Client], workdir: Path
+    instances: dict[tuple[str, str], Instance],
+    clients: Sequence[Client],
+    workdir: Path,
+    redis_url: str | None,
 ) -> None:
-    """Each client one process, crawling all of its instances at once for a few seconds."""
+    """Each client one process (or its own), crawling all of its instances at once, briefly."""
     started = [
-        _start_client(
+        one
+        for n, client in enumerate(clients)
+        for one in _start_client(
             client,
             [i for (_, name), i in instances.items() if name == client.name],
             QUICK_SECONDS,
             workdir / f"quick-{n}",
+            redis_url,
         )
-        for n, client in enumerate(clients)
     ]
-    _wait_clients(started, QUICK_SECONDS)
+    try:
+        _release(started)
+        _wait_clients(started, QUICK_SECONDS)
+    finally:
+        _stop(started)
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[str]:
+    """A redis-server on a free port of 127.0.0.1 for the run; its URL. Stopped by PID."""
+    from .redis_scale import Servers as RedisServers
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed")
+    directory.mkdir(parents=True, exist_ok=True)
+    server = RedisServers(binary, 1, directory)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _select(names: Sequence[str] | None, known: Sequence[Any], what: str) -> list[Any]:
+    """The items of ``known`` named (by name or slug) in ``names``; all of them without."""
+    if not names:
+        return list(known)
+    wanted = {name.strip().lower() for name in names}
+    chosen = [
+        item
+        for item in known
+        if {item.name.lower(), getattr(item, "slug", item.name.lower())} & wanted
+    ]
+    unknown = (
+        wanted
+        - {item.name.lower() for item in chosen}
+        - {getattr(item, "slug", "") for item in chosen}
+    )
+    if unknown:
+        choices = ", ".join(repr(item.name) for item in known)
+        raise ValueError(f"unknown {what} {sorted(unknown)}; choose among {choices}")
+    return chosen
 
 
 def _available(
-    quick: bool,
+    limiters: Sequence[RealLimiter], clients: Sequence[Client]
 ) -> tuple[list[RealLimiter], list[Client], list[Skip]]:
     reasons = ensure_servers()
     skipped: list[Skip] = []
-    limiters = []
-    for limiter in LIMITERS:
+    usable = []
+    for limiter in limiters:
         reason = reasons.get(limiter.server)
         if reason is None:
-            limiters.append(limiter)
+            usable.append(limiter)
         else:
             skipped.append(Skip(limiter.name, reason))
-    clients = []
-    for client in CLIENTS:
+    ready = []
+    for client in clients:
         missing = [name for name in client.needs if find_spec(name) is None]
+        if client.processes > 1 and shutil.which("redis-server") is None:
+            missing.append("redis-server")
         if missing:
             skipped.append(Skip(client.name, f"not installed: {', '.join(missing)}"))
         elif client.family == "adaptive" and not adaptive_available():
             skipped.append(Skip(client.name, "this checkout has no throttlekit.Adaptive"))
         else:
-            clients.append(client)
-    return limiters, clients, skipped
+            ready.append(client)
+    return usable, ready, skipped
 
 
-def run_real_limiters(config: RunConfig) -> SuiteResult:
-    """Run the suite (see the module doc) and build its tables, targets and figures."""
+def run_real_limiters(
+    config: RunConfig,
+    *,
+    limiters: Sequence[str] | None = None,
+    clients: Sequence[str] | None = None,
+    keep: Path | None = None,
+) -> SuiteResult:
+    """Run the suite (see the module doc) and build its tables, targets and figures.
+
+    ``limiters`` and ``clients`` name (or slug) the ones to run, all without;
+    the oracle always runs, as the others are measured against it. ``keep``:
+    a directory to keep the run's files in (configurations, access logs, each
+    client process's log, plan, result and Adaptive's decisions) instead of a
+    temporary one.
+    """
     started = time.monotonic()
-    limiters, clients, skipped = _available(config.quick)
+    chosen = _select(clients, CLIENTS, "clients")
+    if clients and not any(client.name == "oracle" for client in chosen):
+        chosen.insert(0, next(client for client in CLIENTS if client.name == "oracle"))
+    usable, ready, skipped = _available(_select(limiters, LIMITERS, "limiters"), chosen)
     load = os.getloadavg()
     cases: dict[str, dict[str, dict[str, Any]]] = {}
-    with tempfile.TemporaryDirectory(prefix="throttlekit-real-limiters-") as tmp:
-        workdir = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            workdir = keep
+        else:
+            workdir = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="throttlekit-real-"))
+            )
         instances = {
             (limiter.name, client.name): Instance(
                 limiter, client.name, free_port(), workdir / f"{limiter.slug}-{n}.log"
             )
-            for limiter in limiters
-            for n, client in enumerate(clients)
+            for limiter in usable
+            for n, client in enumerate(ready)
         }
         if instances:
+            redis_url = None
+            if any(client.processes > 1 for client in ready):
+                redis_url = stack.enter_context(redis_server(workdir / "redis"))
             with Servers(list(instances.values()), workdir / "servers"):
                 if config.quick:
-                    _run_quick(instances, clients, workdir)
+                    _run_quick(instances, ready, workdir, redis_url)
                 else:
-                    _run_full(instances, limiters, clients, workdir)
+                    _run_full(instances, usable, ready, workdir, redis_url)
         for (name, client), instance in instances.items():
             budget = QUICK_SECONDS if config.quick else instance.limiter.seconds
             case = measure(instance.records, instance.limiter, budget)
             cases.setdefault(name, {})[client] = {**case, "client": instance.view}
-    return _result(config, limiters, clients, skipped, cases, load, time.monotonic() - started)
+    return _result(config, usable, ready, skipped, cases, load, time.monotonic() - started)
 
 
 # -- reporting ---------------------------------------------------------------------------
@@ -427,7 +640,9 @@ def _oracle_share(case: dict[str, Any], oracle: dict[str, Any] | None) -> float 
     return None if mine is None or not best else mine / best
 
 
-def _target(limiter: RealLimiter, case: dict[str, Any], oracle: dict[str, Any] | None) -> Target:
+def _target(
+    limiter: RealLimiter, client: str, case: dict[str, Any], oracle: dict[str, Any] | None
+) -> Target:
     ratio = _oracle_share(case, oracle)
     refused, reach = case.get("refused_share"), case.get("reach_s")
     checks = [
@@ -441,7 +656,7 @@ def _target(limiter: RealLimiter, case: dict[str, Any], oracle: dict[str, Any] |
     if missed:
         measured += " -- missed: " + "; ".join(missed)
     return Target(
-        f"{limiter.name}: Adaptive",
+        f"{limiter.name}: {client}",
         f">= 95 % of the oracle over the second half, < 2 % refused, 90 % within "
         f"{limiter.reach_by:g} s, none inside an announced wait",
         measured,
@@ -527,9 +742,11 @@ def _result(
     seconds: float,
 ) -> SuiteResult:
     targets = [
-        _target(limiter, per_client["Adaptive"], per_client.get("oracle"))
+        _target(limiter, client, per_client[client], per_client.get("oracle"))
         for limiter in limiters
-        if "Adaptive" in (per_client := cases.get(limiter.name, {})) and not config.quick
+        for per_client in [cases.get(limiter.name, {})]
+        for client in TARGETED
+        if client in per_client and not config.quick
     ]
     notes = [
         f"Load average when the suite started: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} "
@@ -646,11 +863,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="asyncio",
         help="the event loop of a --virtual run",
     )
+    parser.add_argument(
+        "--limiters",
+        type=lambda text: text.split(","),
+        metavar="NAME,...",
+        help="run only these limiters (names or slugs): "
+        + ", ".join(limiter.slug for limiter in LIMITERS),
+    )
+    parser.add_argument(
+        "--clients",
+        type=lambda text: text.split(","),
+        metavar="NAME,...",
+        help="run only these clients (names; the oracle always runs): "
+        + ", ".join(repr(c.name) for c in CLIENTS),
+    )
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="keep the run's files (logs, decisions) in DIR"
+    )
     args = parser.parse_args(argv)
     if args.virtual:
         result = run_virtual_suite(backend=args.backend)
     else:
-        result = run_real_limiters(RunConfig.make(quick=args.quick))
+        result = run_real_limiters(
+            RunConfig.make(quick=args.quick),
+            limiters=args.limiters,
+            clients=args.clients,
+            keep=args.keep,
+        )
     print(markdown(result))
     if args.output is not None:
         args.output.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")

@@ -480,6 +480,75 @@ async def test_local_line_keeps_priority_and_order(redis_server: RedisServer, pr
 
 
 @pytest.mark.anyio
+async def test_tasks_starting_together_leave_no_idle_turns_behind(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    # Tasks that start at once used to ask Redis before any of them stood in
+    # line; each was handed a turn one delay after the last, so a task asking
+    # later was told to wait behind turns already served early: the scope
+    # stood idle for up to tasks x delay (4 s at 4/s with 16 tasks). The tasks
+    # take the two scopes in turn, so that half of them first ask with the
+    # other scope's line already formed.
+    delay, tasks, seconds = 0.05, 30, 2.0
+    backend = make_backend(redis_server, prefix)
+    limiter = throttlekit.Limiter(default=fast(concurrency=None, delay=delay), backend=backend)
+    granted: dict[str, list[float]] = {"a": [], "b": []}
+
+    scopes = itertools.cycle(granted)
+
+    async def task() -> None:
+        for scope in scopes:
+            async with limiter.acquire(scopes=scope):
+                granted[scope].append(time.monotonic())
+
+    with anyio.move_on_after(seconds):
+        async with anyio.create_task_group() as group:
+            for _ in range(tasks):
+                group.start_soon(task)
+    await backend.aclose()
+    for times in granted.values():
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        assert max(gaps) < 4 * delay, [round(gap, 3) for gap in gaps]
+        assert len(times) >= 0.8 * seconds / delay
+
+
+@pytest.mark.anyio
+async def test_a_release_whose_feedback_keeps_meeting_newer_state_still_frees_its_slot(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    # Three Adaptive processes against a window that answers ten requests at
+    # once: a release's feedback met a newer state on every try, was dropped,
+    # and the release ended there with its lease still held. Concurrency 1
+    # (Adaptive's while a stated quota is spent) then stood still for the
+    # lease time, 60 s, in every process. Here another writer moves the
+    # scope's state whenever this controller runs.
+    state_key = backend_keys(prefix, "contended")[1]
+    other_writer = redis.Redis.from_url(redis_server.url)
+
+    class Contended(throttlekit.BaseController):
+        def __init__(self, policy: ScopePolicy) -> None:
+            self.runs = 0
+
+        def on_feedback(self, scope: Any, feedback: Any, now: float) -> None:
+            self.runs += 1
+            other_writer.hincrby(state_key, "ver", 1)
+
+    backend = make_backend(redis_server, prefix)
+    policy = fast(concurrency=1, delay=0.0, controllers=(Contended,))
+    limiter = throttlekit.Limiter(default=policy, backend=backend)
+    try:
+        async with limiter.acquire(scopes="contended") as permit:
+            permit.record(status=200)
+        assert other_writer.zcard(backend_keys(prefix, "contended")[0]) == 0
+        with anyio.fail_after(2.0):
+            async with limiter.acquire(scopes="contended"):
+                pass
+    finally:
+        other_writer.close()
+        await backend.aclose()
+
+
+@pytest.mark.anyio
 async def test_renew_and_keep_alive(
     redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:

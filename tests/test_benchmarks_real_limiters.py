@@ -65,6 +65,12 @@ def test_quick_run_crawls_every_limiter_and_reads_the_logs(tmp_path: Path) -> No
         assert oracle["ok"] > 0, name
         assert len(oracle["series"]) >= 1
     assert "HAProxy" in cases or "HAProxy" in skipped
+    # The shared arm's three processes each report their view of every limiter.
+    shared = "Adaptive x3 via Redis"
+    if shared not in skipped:
+        assert all(
+            len(per_client[shared]["client"]["processes"]) == 3 for per_client in cases.values()
+        )
     assert result["tables"][0]["rows"]
     figures = result["data"]["figures"]
     assert {figure["image"] for figure in figures} >= {

@@ -602,7 +602,18 @@ class ScriptCalls:
                     names,
                     _WRITE_TRIES,
                 )
-                return True
+                # The lease is still held: hand it back without the feedback.
+                args = list(base)
+                for scope, policy_args in zip(names, packed, strict=True):
+                    args += (self._release_scope(scope, policy_args, _NOT_WANTED, consumed),)
+                    args.append(_NO_WRITE)
+                self.release_calls += 1
+                reply = await self._send(
+                    RELEASE, RELEASE.frame(count, args), lease.keys[0], deadline, later
+                )
+                if reply is None:
+                    return True
+                decoded = scripts.decode_release(reply)
         except UNAVAILABLE as exc:
             if not quiet:
                 self._not_released(exc)

@@ -108,32 +108,24 @@ class WaiterLine:
         """
         seq = next(self._seq)
         self.waiting += 1
-        first: tuple[int, float, bool, Any] | None = None
-        if not self._queues:  # nobody of this process in any line: ask Redis at once
-            try:
-                result = await attempt(0.0)
-            except BaseException:
-                self.waiting -= 1
-                raise
-            if not isinstance(result, tuple):
-                self.waiting -= 1
-                return result
-            first = result
         waiter = Waiter(priority, seq)
         try:
             while True:
-                if first is None:
-                    ahead = self.blocker(costs, waiter)
-                    if ahead is not None:
-                        with anyio.move_on_after(deadline - _now()):
-                            await self.wait_in_line(waiter, ahead)
-                            continue
-                        raise _timeout(costs)
-                    result = await attempt(waiter.turn)
-                    if not isinstance(result, tuple):
-                        return result
-                else:
-                    result, first = first, None
+                ahead = self.blocker(costs, waiter)
+                if ahead is not None:
+                    with anyio.move_on_after(deadline - _now()):
+                        await self.wait_in_line(waiter, ahead)
+                        continue
+                    raise _timeout(costs)
+                if waiter.queue is None:
+                    # Stand in line while asking, so that those who come during the
+                    # round trip queue behind instead of all asking at once (Redis
+                    # would hand each a turn, one delay after the other, and turns
+                    # served early would leave the scope idle for the next to ask).
+                    self.join(waiter, next(iter(costs)))
+                result = await attempt(waiter.turn)
+                if not isinstance(result, tuple):
+                    return result
                 index, wait, full, waiter.turn = result
                 scope = list(costs)[index]
                 self.join(waiter, scope)
