@@ -85,7 +85,8 @@ class ScopePolicy:
     :param adaptive: find and hold the rate and concurrency the server allows,
         with this policy as the ceiling (see :class:`Adaptive`); off by default.
         With it, the scope's ``backoff`` only honours ``Retry-After`` and
-        rate-limit headers: Adaptive does the slowing down.
+        rate-limit headers (knocking before a web framework's late reset,
+        see :class:`Backoff`'s ``knock``): Adaptive does the slowing down.
     :param ignore_robots_txt: keep this explicit policy silently when robots.txt
         gives a different ``Crawl-Delay`` (otherwise a warning is logged once).
     :param controllers: factories called once per scope with this policy to
