@@ -394,3 +394,18 @@ def test_the_state_is_one_plain_dict_per_part() -> None:
     copy.set_state(plain)
     assert copy.rate_loop.phase is Phase.RECOVER
     assert copy.get_state() == state.get_state()
+
+
+def test_a_search_refused_at_once_marks_a_leaky_bucket_and_later_searches_rise_gently() -> None:
+    loop = RateLoop(Adaptive())
+    loop.risen_from, loop.risen_to = 7.0, 7.7
+    set_edge(loop, _view(), 7.5, 9.0, 0.0, 20.0, 0.0, Phase.START)  # refused at once
+    assert loop.phase is Phase.CLIMB
+    assert loop.leaky
+    assert "a leaky bucket" in loop.reason
+    state = POLICY.adaptive.controller(POLICY)  # type: ignore[union-attr]
+    state.rate_loop.leaky = True
+    rate = state.rate_loop.rate
+    for i in range(8):  # sent at its rate for 1.75 s: three steps of a search up
+        state.on_feedback(_view(), Feedback(status=200, sent_at=i / rate), i / rate)
+    assert state.rate_loop.rate == pytest.approx(rate * TUNING.leaky_search**3)  # not 8 x

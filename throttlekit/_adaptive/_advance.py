@@ -32,8 +32,9 @@ def advance(parts: Parts, scope: ScopeView, now: float) -> None:
         return
     if phase is Phase.START:
         if elapsed >= tuning.start_doubling:
-            if sent >= tuning.start_used * loop.rate:  # the scope uses its rate: double it
-                loop.rate = min(loop.rate * 2.0, ceiling * 2.0)
+            if sent >= tuning.start_used * loop.rate:  # the scope uses its rate: raise it
+                step = tuning.leaky_search if loop.leaky else 2.0
+                loop.rate = min(loop.rate * step, ceiling * 2.0)
                 loop.say(f"no limit met yet, up to {loop.rate:.3g}/s")
             loop.phase_at = now
     elif phase is Phase.RECOVER:

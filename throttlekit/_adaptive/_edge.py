@@ -108,6 +108,7 @@ def _climb(loop: RateLoop, scope: ScopeView, sent: float, now: float, pause: flo
     what the probe proved. Climb on from there as a probe does.
     """
     proved = loop.risen_to
+    loop.leaky = True
     loop.edge = proved
     loop.target = proved * (1.0 - loop.margin)
     loop.pause_for_excess(sent, proved, now, pause)

@@ -41,6 +41,7 @@ class RateLoop(SlotState):
         "headers_short",
         "hold_for",
         "horizon",
+        "leaky",
         "margin",
         "moved_at",
         "phase",
@@ -81,6 +82,7 @@ class RateLoop(SlotState):
         self.resumed_at = INF  # when sending resumed after the last pause (inf: not yet)
         self.blocked_until = -INF
         self.headers_short = False  # refused with quota left: the headers miss a limit
+        self.leaky = False  # a search up was refused at once: a leaky bucket's sign
         # When to measure the edge again, for a refusal sent at refine_for:
         # once the requests in flight then have answered (a slow server's).
         self.refine_at = INF

@@ -82,6 +82,9 @@ class AdaptiveTuning:
     #: it comes (the work is done sooner, and a limit the headers do not show
     #: is found by the rate loop).
     stated_pace_within: float = 300.0
+    #: Each step of a search up once a leaky bucket showed (a search refused at
+    #: once): it refuses a doubled rate's first early send, so a quarter more.
+    leaky_search: float = 1.25
     #: The widest the margin below the edge grows when refusals come while holding.
     max_margin: float = 0.5
     #: The share of the time a failed probe may cost (the server's wait after
