@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 import redis
-from _redis import RedisClusterServers, fast
+from _redis import CLIENT_LIBRARIES, RedisClusterServers, client_module, fast
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster
@@ -102,13 +102,22 @@ async def keys_on(cluster: RedisClusterServers, index: int, pattern: str) -> lis
 # -- routing ------------------------------------------------------------------------------
 
 
+def cluster_client(client_library: str, url: str) -> Any:
+    """A cluster client of ``url``: redis-py's ``RedisCluster`` or valkey-py's ``ValkeyCluster``."""
+    module = client_module(client_library)
+    return getattr(module.cluster, f"{client_library.capitalize()}Cluster").from_url(url)
+
+
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_from_url_on_a_cluster_node_routes_every_scope_to_its_node(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
     """The issue's first failure: a cluster node's URL, scopes on every node."""
-    scopes = spread(redis_cluster, prefix, 2)
-    backend = RedisBackend.from_url(redis_cluster.url, prefix=prefix, failure="fail_closed")
+    scopes = spread(library_cluster, prefix, 2)
+    backend = RedisBackend.from_url(
+        library_cluster.url, prefix=prefix, failure="fail_closed", client_library=client_library
+    )
     limiter = throttlekit.Limiter(
         default=fast(concurrency=1, delay=0.0), backend=backend, concurrency=None
     )
@@ -126,18 +135,23 @@ async def test_from_url_on_a_cluster_node_routes_every_scope_to_its_node(
         want = sorted(
             f"{{{prefix}:{scope}}}:S".encode()
             for scope in scopes
-            if redis_cluster.owner(f"{prefix}:{scope}") == index
+            if library_cluster.owner(f"{prefix}:{scope}") == index
         )
-        assert await keys_on(redis_cluster, index, f"{{{prefix}:*}}:S") == want
+        assert await keys_on(library_cluster, index, f"{{{prefix}:*}}:S") == want
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_a_cluster_client_shares_one_budget_across_backends(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
-    """The issue's second failure: ``RedisBackend(RedisCluster(...))``; two backends, one budget."""
-    scopes = spread(redis_cluster, prefix, 1)
-    clients = [RedisCluster.from_url(redis_cluster.nodes[i].url) for i in (1, 2)]
+    """The issue's second failure: ``RedisBackend(RedisCluster(...))``; two backends, one budget
+    (one of them on ``client_library``'s cluster client)."""
+    scopes = spread(library_cluster, prefix, 1)
+    clients = [
+        RedisCluster.from_url(library_cluster.nodes[1].url),
+        cluster_client(client_library, library_cluster.nodes[2].url),
+    ]
     backends = [RedisBackend(client, prefix=prefix, failure="fail_closed") for client in clients]
     limiters = [
         throttlekit.Limiter(
@@ -178,14 +192,15 @@ async def test_a_cluster_client_shares_one_budget_across_backends(
             await client.aclose()
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_a_client_of_one_node_gets_a_clear_error(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
     """A plain client of a cluster node, given by the caller: it cannot be turned into
     a cluster client, so a scope on another node raises an error that says what to do."""
-    scope = spread(redis_cluster, prefix, 1)[1]  # (on the second node)
-    client = redis_cluster.nodes[0].admin()
+    scope = spread(library_cluster, prefix, 1)[1]  # (on the second node)
+    client = client_module(client_library).from_url(library_cluster.nodes[0].url)
     backend = RedisBackend(client, prefix=prefix)
     limiter = throttlekit.Limiter(default=fast(concurrency=1), backend=backend, concurrency=None)
     try:
@@ -260,28 +275,35 @@ async def test_colocate_keeps_a_group_in_one_slot(
         RedisBackend.from_url(redis_cluster.url, colocate="site")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_cluster_map_reads_the_supported_redis_py(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
-    """The one class that reads redis-py's cluster internals, on this redis-py."""
-    major = int(redis.__version__.split(".")[0])
-    assert 5 <= major <= 8, f"redis-py {redis.__version__} is not a version ClusterMap supports"
-    client = RedisCluster.from_url(redis_cluster.url)
+    """The one class that reads redis-py's cluster internals, on this redis-py (and valkey-py)."""
+    if client_library == "redis":
+        major = int(redis.__version__.split(".")[0])
+        assert 5 <= major <= 8, f"redis-py {redis.__version__} is not a version ClusterMap supports"
+    else:
+        import valkey
+
+        major = int(valkey.__version__.split(".")[0])
+        assert major == 6, f"valkey-py {valkey.__version__} is not a version ClusterMap supports"
+    client = cluster_client(client_library, library_cluster.url)
     try:
         cluster = ClusterMap(client)
         await cluster.refresh()
-        for scope in spread(redis_cluster, prefix, 2):
+        for scope in spread(library_cluster, prefix, 2):
             key = f"{{{prefix}:{scope}}}:L".encode()
             host, port = cluster.owner(key)
-            assert port == redis_cluster.nodes[redis_cluster.owner(f"{prefix}:{scope}")].port
+            assert port == library_cluster.nodes[library_cluster.owner(f"{prefix}:{scope}")].port
             assert host == "127.0.0.1"
             node = cluster.client_at(host, port)
             try:
                 assert await node.ping()
             finally:
                 await node.aclose(close_connection_pool=True)
-        assert cluster.any_primary()[1] in {node.port for node in redis_cluster.nodes}
+        assert cluster.any_primary()[1] in {node.port for node in library_cluster.nodes}
     finally:
         await client.aclose()
 
@@ -345,26 +367,29 @@ async def _migrate(
             await admin.aclose()
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.parametrize("split", [False, True], ids=["ask", "tryagain"])
 @pytest.mark.anyio
 async def test_calls_wait_for_a_slot_that_moves_and_follow_it(
-    redis_cluster: RedisClusterServers, prefix: str, split: bool
+    library_cluster: RedisClusterServers, prefix: str, split: bool, client_library: str
 ) -> None:
     """A migrating slot: ``ASK`` (its keys moved) or ``TRYAGAIN`` (split between the
     nodes) until it ends, then ``MOVED``; the budget holds, no grant is local."""
-    scope = spread(redis_cluster, prefix, 1)[0]
-    backend = RedisBackend.from_url(redis_cluster.url, prefix=prefix, failure="fail_closed")
+    scope = spread(library_cluster, prefix, 1)[0]
+    backend = RedisBackend.from_url(
+        library_cluster.url, prefix=prefix, failure="fail_closed", client_library=client_library
+    )
     limiter = throttlekit.Limiter(
         default=fast(concurrency=2, delay=0.0), backend=backend, concurrency=None
     )
     tag = f"{prefix}:{scope}"
-    source = redis_cluster.owner(tag)
+    source = library_cluster.owner(tag)
     target = (source + 1) % 3
     try:
         first = await held(limiter, scope)
-        await _migrate(redis_cluster, tag, target, finish=False, split=split)
+        await _migrate(library_cluster, tag, target, finish=False, split=split)
         async with anyio.create_task_group() as group:
-            group.start_soon(_finish_later, redis_cluster, tag, target)
+            group.start_soon(_finish_later, library_cluster, tag, target)
             started = anyio.current_time()
             second = await held(limiter, scope)
             assert anyio.current_time() - started >= 0.2  # (once the migration ended)
@@ -378,8 +403,8 @@ async def test_calls_wait_for_a_slot_that_moves_and_follow_it(
         assert backend.statistics().local_grants == 0
     finally:
         await backend.aclose()
-    assert await keys_on(redis_cluster, source, f"{{{tag}}}:*") == []
-    assert f"{{{tag}}}:S".encode() in await keys_on(redis_cluster, target, f"{{{tag}}}:*")
+    assert await keys_on(library_cluster, source, f"{{{tag}}}:*") == []
+    assert f"{{{tag}}}:S".encode() in await keys_on(library_cluster, target, f"{{{tag}}}:*")
 
 
 async def _finish_later(cluster: RedisClusterServers, key: str, target: int) -> None:
@@ -390,21 +415,23 @@ async def _finish_later(cluster: RedisClusterServers, key: str, target: int) -> 
 # -- a node that stops answering --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_a_stopped_node_costs_at_most_the_timeout_and_fails_open(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
     """A node that hangs (SIGSTOP): failing closed raises, failing open grants locally,
     both within ``command_timeout``; once it answers, each backend is back on Redis
     (the closed one hands back the grant its lost call may have made)."""
-    scopes = spread(redis_cluster, prefix, 2)
-    stopped = redis_cluster.nodes[2]
+    scopes = spread(library_cluster, prefix, 2)
+    stopped = library_cluster.nodes[2]
     closed_scope, opened_scope = scopes[4:]  # (on the node that stops)
+    library = {"client_library": client_library}
     closed = RedisBackend.from_url(
-        redis_cluster.url, prefix=prefix, failure="fail_closed", command_timeout=0.5
+        library_cluster.url, prefix=prefix, failure="fail_closed", command_timeout=0.5, **library
     )
     opened = RedisBackend.from_url(
-        redis_cluster.url, prefix=prefix, command_timeout=0.5, reconnect_interval=0.2
+        library_cluster.url, prefix=prefix, command_timeout=0.5, reconnect_interval=0.2, **library
     )
     limiters = [
         throttlekit.Limiter(

@@ -28,9 +28,10 @@ import attrs
 from .._clock import now as _now
 from . import _redis_scripts as scripts
 from ._redis_across import AcrossSlots
+from ._redis_clients import ERRORS
 from ._redis_leases import RedisLease
 from ._redis_line import RELEASE_RECHECK
-from ._redis_link import UNAVAILABLE, Deadlines, Script, Settle, bulk, bulk_of, describe_failure
+from ._redis_link import Deadlines, Script, Settle, bulk, bulk_of, describe_failure
 from ._redis_nodes import Nodes
 from ._redis_state import PolicyArgs, feedback_write, parse_states, send_write
 
@@ -320,7 +321,7 @@ class ScriptCalls:
             # The script may have run before the reply was lost: hand back the
             # lease it may hold, now (cancelled) or once Redis answers again.
             self.orphans.append(lease)
-            if not isinstance(exc, UNAVAILABLE):
+            if not isinstance(exc, ERRORS.unavailable):
                 with anyio.CancelScope(shield=True):
                     await self.hand_back_orphans(INF, quiet=True)
             raise
@@ -407,7 +408,7 @@ class ScriptCalls:
             self.sync_calls += 1
             try:
                 reply = await self.call(SYNC, lease.keys, args, deadline)
-            except UNAVAILABLE as exc:
+            except ERRORS.unavailable as exc:
                 logger.debug("could not store the controllers' state after a send: %r", exc)
                 return  # the next send finds them still due
             pending = parse_states(scripts.decode_sync(reply))
@@ -614,7 +615,7 @@ class ScriptCalls:
                 if reply is None:
                     return True
                 decoded = scripts.decode_release(reply)
-        except UNAVAILABLE as exc:
+        except ERRORS.unavailable as exc:
             if not quiet:
                 self._not_released(exc)
             return False
@@ -635,7 +636,7 @@ class ScriptCalls:
             return
         # Whether Redis ran it is unknown (or it did not: an error reply):
         # hand the lease back with the next acquire.
-        if isinstance(reply, UNAVAILABLE):
+        if isinstance(reply, ERRORS.unavailable):
             self._not_released(reply)
         else:
             logger.debug("a release sent without waiting got %r", reply)

@@ -26,16 +26,9 @@ from typing import Any, Final
 
 import anyio
 
-try:
-    import redis.asyncio as aioredis
-    from redis import exceptions as redis_errors
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
-    ) from exc
-
 from .._errors import BackendUnavailable
-from ._redis_link import UNAVAILABLE, Link, Script, Settle, describe_failure
+from ._redis_clients import ERRORS, library_of
+from ._redis_link import Link, Script, Settle, describe_failure
 
 __all__ = ["ClusterMap", "Nodes", "is_cluster"]
 
@@ -55,24 +48,26 @@ _CACHED: Final = 16384
 
 
 def is_cluster(client: Any) -> bool:
-    """Whether ``client`` is a Redis Cluster client (redis-py's ``RedisCluster`` or alike)."""
+    """Whether ``client`` is a cluster client (redis-py's ``RedisCluster``, ``ValkeyCluster``)."""
     return callable(getattr(client, "keyslot", None)) and hasattr(client, "nodes_manager")
 
 
 class ClusterMap:
     """The slot table of a Redis Cluster, read through redis-py's ``RedisCluster``.
 
-    The only code of the backend that reads the cluster client's internals:
+    (Or valkey-py's ``ValkeyCluster``, the same code under other names.) The
+    only code of the backend that reads the cluster client's internals:
     ``initialize()``, ``keyslot()``, ``nodes_manager`` (``initialize()``,
     ``get_node_from_slot()``, ``nodes_cache``, ``startup_nodes``) and a
     node's ``host``, ``port``, ``server_type``, ``connection_class`` and
     ``connection_kwargs``.
     """
 
-    __slots__ = ("_owners", "_read", "_slots", "client", "stale")
+    __slots__ = ("_owners", "_read", "_slots", "client", "library", "stale")
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self.library = library_of(client)
         self.stale = True  # the slot table must be read before the next call
         self._read = False
         self._owners: dict[int, tuple[str, int]] = {}
@@ -98,8 +93,9 @@ class ClusterMap:
             else:  # (the client's own first reading: its aclose() closes what it opened)
                 await self.client.initialize()
                 self._read = True
-        except redis_errors.RedisClusterException as exc:  # no node answered
-            raise redis_errors.ConnectionError(f"no cluster node answered ({exc})") from None
+        except ERRORS.unclustered as exc:  # no node answered
+            message = f"no cluster node answered ({exc})"
+            raise self.library.exceptions.ConnectionError(message) from None
         self._owners.clear()
         self.stale = False
 
@@ -110,9 +106,9 @@ class ClusterMap:
         if owner is None:
             try:
                 node = self.client.nodes_manager.get_node_from_slot(slot)
-            except redis_errors.RedisClusterException as exc:  # (the slot has no owner now)
+            except ERRORS.unclustered as exc:  # (the slot has no owner now)
                 self.stale = True
-                raise redis_errors.ConnectionError(str(exc)) from None
+                raise self.library.exceptions.ConnectionError(str(exc)) from None
             owner = self._owners[slot] = (node.host, int(node.port))
         return owner
 
@@ -125,17 +121,18 @@ class ClusterMap:
         for node in self.client.nodes_manager.nodes_cache.values():
             if node.server_type == "primary":
                 return node.host, int(node.port)
-        raise redis_errors.ConnectionError("no primary known")
+        raise self.library.exceptions.ConnectionError("no primary known")
 
-    def client_at(self, host: str, port: int) -> aioredis.Redis:
+    def client_at(self, host: str, port: int) -> Any:
         """A client of the node at ``host:port``, with the cluster client's settings."""
         nodes = list(self.client.nodes_manager.nodes_cache.values())
         if not nodes:
             nodes = list(self.client.nodes_manager.startup_nodes.values())
         template = nodes[0]
         options = dict(template.connection_kwargs, host=host, port=port)
-        pool = aioredis.ConnectionPool(connection_class=template.connection_class, **options)
-        return aioredis.Redis(connection_pool=pool)
+        library = self.library
+        pool = library.pool_class(connection_class=template.connection_class, **options)
+        return library.client_class(connection_pool=pool)
 
 
 class Nodes:
@@ -191,12 +188,12 @@ class Nodes:
         if link is not None:
             try:
                 return await link.call(script, command, later=later)
-            except (redis_errors.AskError, redis_errors.TryAgainError) as exc:  # (MOVED too)
+            except (*ERRORS.ask, *ERRORS.try_again) as exc:  # (MOVED too)
                 if self._to_cluster is None:
                     raise RuntimeError(
                         f"Redis at {self.location} is a Redis Cluster node: give RedisBackend "
-                        "a redis.asyncio.cluster.RedisCluster client, or use "
-                        "RedisBackend.from_url"
+                        "a redis.asyncio.cluster.RedisCluster client (valkey-py: ValkeyCluster), "
+                        "or use RedisBackend.from_url"
                     ) from exc
                 if self.link is link:  # (not already switched by another task's call)
                     self._become_cluster()
@@ -211,7 +208,7 @@ class Nodes:
                 return False
             try:
                 link = self._links.get(cluster.owner(key))
-            except redis_errors.ConnectionError:  # (no owner known: the call will say)
+            except ERRORS.connection:  # (no owner known: the call will say)
                 return False
             if link is None:
                 return False
@@ -232,22 +229,23 @@ class Nodes:
             link = self._link_at(asking or cluster.owner(key))
             try:
                 return await link.call(script, command, later=later, asking=asking is not None)
-            except redis_errors.MovedError as exc:  # (before AskError: a subclass of it)
+            except ERRORS.moved as exc:  # (before AskError: a subclass of it)
                 cluster.moved(exc.slot_id, exc.host, exc.port)
                 asking = None
-            except redis_errors.AskError as exc:
+            except ERRORS.ask as exc:
                 asking = (exc.host, int(exc.port))
-            except redis_errors.TryAgainError:
+            except ERRORS.try_again:
                 # The slot is migrating and the call's keys are not all on one
                 # node (a script's keys rarely all exist): try again until the
                 # migration of the slot ends (the caller bounds the time).
                 asking = None
                 redirects = 0
                 await anyio.sleep(_TRY_AGAIN)
-            except UNAVAILABLE:
+            except ERRORS.unavailable:
                 cluster.stale = True  # (a failover: the slot may be served elsewhere now)
                 raise
-        raise redis_errors.ClusterError(f"more than {_REDIRECTS} redirections for one call")
+        message = f"more than {_REDIRECTS} redirections for one call"
+        raise cluster.library.exceptions.ClusterError(message)
 
     def _link_at(self, address: tuple[str, int]) -> Link:
         link = self._links.get(address)

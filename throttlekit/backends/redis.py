@@ -15,8 +15,10 @@ trips), ``_redis_across`` (a request across the slots of a cluster),
 and the decoders of its replies), ``_redis_state`` (the controllers, run in
 Python on the state kept in Redis), ``_redis_leases`` (what is granted and
 held), ``_redis_nodes`` (which server a call goes to, and Redis's health)
-and ``_redis_link`` (the connections to one server). Runs on asyncio
-(``redis.asyncio``); install it with ``pip install "throttlekit-http[redis]"``.
+and ``_redis_link`` (the connections to one server); ``_redis_clients``
+tells the two client libraries apart. Runs on asyncio, with redis-py
+(``redis.asyncio``, ``pip install "throttlekit-http[redis]"``) or valkey-py
+(``valkey.asyncio``, ``pip install "throttlekit-http[valkey]"``).
 """
 
 from __future__ import annotations
@@ -31,33 +33,35 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 
-try:
-    import redis.asyncio as aioredis
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
-    ) from exc
-
 from .._checks import check_number
 from .._clock import now as _now
 from .._errors import Overloaded, ThrottleTimeout
 from .._ledger import scope_stalled
 from .._stats import ScopeStatistics
 from ._redis_calls import STATE, RedisBackendStatistics, ScriptCalls
+from ._redis_clients import ERRORS, LIBRARIES, installed, library_of
 from ._redis_leases import Holdings, LocalLease, RedisLease
 from ._redis_line import WaiterLine
-from ._redis_link import UNAVAILABLE, client_location, connect
+from ._redis_link import client_location, connect
 from ._redis_nodes import Nodes, is_cluster
 from ._redis_scripts import decode_state
 from ._redis_state import scope_statistics
 
 if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
     from .._controller import Feedback
     from .._limiter import Limiter
     from .._policy import ScopePolicy
     from .memory import MemoryBackend
 
 __all__ = ["FailurePolicy", "RedisBackend", "RedisBackendStatistics"]
+
+if not any(map(installed, LIBRARIES)):  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "throttlekit.backends.redis needs redis-py or valkey-py: "
+        'pip install "throttlekit-http[redis]" (or "throttlekit-http[valkey]")'
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ def _require_asyncio() -> None:
         asyncio.get_running_loop()
     except RuntimeError:
         raise RuntimeError(
-            "RedisBackend runs on asyncio only (it is built on redis.asyncio); "
+            "RedisBackend runs on asyncio only (it is built on redis.asyncio or valkey.asyncio); "
             "use the in-memory limiter on trio"
         ) from None
 
@@ -105,8 +109,10 @@ class RedisBackend:
     (see :doc:`/redis`).
 
     :param client: a ``redis.asyncio.Redis`` client, or a
-        ``redis.asyncio.cluster.RedisCluster`` one (not closed by
-        :meth:`aclose` unless ``owns_client``). :meth:`from_url` builds one.
+        ``redis.asyncio.cluster.RedisCluster`` one, or valkey-py's
+        ``valkey.asyncio.Valkey`` or ``valkey.asyncio.cluster.ValkeyCluster``
+        (not closed by :meth:`aclose` unless ``owns_client``). :meth:`from_url`
+        builds one.
     :param prefix: the namespace of the keys: processes with the same prefix share
         budgets. No ``{`` or ``}``.
     :param lease_time: seconds a grant stays held without a release or
@@ -180,8 +186,9 @@ class RedisBackend:
         ):
             raise TypeError(
                 "client must be a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster "
-                f"client, got {type(client)!r}"
+                f"client (or valkey-py's Valkey or ValkeyCluster), got {type(client)!r}"
             )
+        library_of(client)  # (its error classes recognised from now on)
         if colocate is not None and not callable(colocate):
             raise TypeError(f"colocate must be a callable (scope -> group), got {colocate!r}")
         self.prefix = prefix
@@ -243,9 +250,11 @@ class RedisBackend:
         seed: int | None = None,
         colocate: Callable[[str], str] | None = None,
         cluster: bool | None = None,
+        client_library: Literal["redis", "valkey"] | None = None,
         **client_options: Any,
     ) -> RedisBackend:
-        """Connect to ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``).
+        """Connect to ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``; ``valkey://``,
+        ``valkeys://``).
 
         Credentials go in the URL (``redis://user:password@host:6379/0``) or in
         ``client_options`` (``password=...``); they never appear in reprs, logs
@@ -263,8 +272,16 @@ class RedisBackend:
         ``None`` (the default) a client of one server that becomes a cluster
         client of the same URL when the server answers as a cluster node
         (``MOVED``, ``ASK`` or ``TRYAGAIN``).
+
+        ``client_library``: ``"redis"`` makes the client with redis-py,
+        ``"valkey"`` with valkey-py (Valkey's fork of redis-py); ``None`` (the
+        default) picks by the URL: valkey-py for ``valkey://`` and
+        ``valkeys://``, redis-py for the others (or valkey-py when redis-py is
+        not installed). Both talk to Redis and to Valkey servers alike.
         """
-        client, location, to_cluster = connect(url, command_timeout, client_options, cluster)
+        client, location, to_cluster = connect(
+            url, command_timeout, client_options, cluster, client_library
+        )
         return cls(
             client,
             prefix=prefix,
@@ -296,7 +313,8 @@ class RedisBackend:
 
     @property
     def client(self) -> aioredis.Redis | aioredis.RedisCluster:
-        """The ``redis.asyncio`` client given (or made by :meth:`from_url`)."""
+        """The ``redis.asyncio`` (or ``valkey.asyncio``) client given (or made by
+        :meth:`from_url`)."""
         return self._client
 
     def statistics(self) -> RedisBackendStatistics:
@@ -437,7 +455,7 @@ class RedisBackend:
         seconds = check_number("lease_time", seconds, minimum=0.0, strict=True)
         try:
             return await self._calls.renew(lease, seconds)
-        except UNAVAILABLE as exc:
+        except ERRORS.unavailable as exc:
             self._link.unavailable(exc, _now())
             return False
 
@@ -513,7 +531,7 @@ class RedisBackend:
             attempt = partial(self._attempt, local, costs, policies, priority, deadline, gated)
             try:
                 lease = await line.wait_for_grant(costs, priority, attempt, deadline)
-            except UNAVAILABLE as exc:
+            except ERRORS.unavailable as exc:
                 if isinstance(exc, ThrottleTimeout):
                     raise
                 self._holdings.outage()
