@@ -203,30 +203,47 @@ class RedisServer:
 
 
 class RedisClusterServers:
-    """Three redis-server processes joined into a Redis Cluster, one primary each, no replicas.
+    """Three redis-server processes joined into a Redis Cluster, one primary each.
 
     Each node runs on a free port of 127.0.0.1 with ``--cluster-enabled yes``
     and its config file under ``directory``; the slots are split in three
     ranges (``CLUSTER ADDSLOTSRANGE``) and the nodes meet (``CLUSTER MEET``).
+    ``replicas``: the primaries (by index) that get a replica each
+    (``CLUSTER REPLICATE``), in :attr:`replicas` in that order.
+    ``node_timeout``: milliseconds before a silent node counts as failed
+    (its replica is then promoted a second or so later).
     """
 
     RANGES = ((0, 5460), (5461, 10922), (10923, 16383))
 
-    def __init__(self, directory: Path, binary: str | None = None) -> None:
-        self.nodes = [
-            RedisServer(
+    def __init__(
+        self,
+        directory: Path,
+        binary: str | None = None,
+        *,
+        replicas: tuple[int, ...] = (),
+        node_timeout: int = 2000,
+    ) -> None:
+        def node(name: str) -> RedisServer:
+            server = RedisServer(
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
-                str(directory / f"nodes-{index}.conf"),
+                str(directory / f"nodes-{name}.conf"),
                 "--cluster-node-timeout",
-                "2000",
+                str(node_timeout),
+                "--dir",
+                str(directory),
+                "--repl-diskless-sync-delay",
+                "0",  # (a replica's first sync at once, not after 5 s)
                 binary=binary,
             )
-            for index in range(len(self.RANGES))
-        ]
-        for node in self.nodes:
-            node.port = free_cluster_port()
+            server.port = free_cluster_port()
+            return server
+
+        self.nodes = [node(str(index)) for index in range(len(self.RANGES))]
+        self.replica_of = replicas
+        self.replicas = [node(f"replica-{index}") for index in replicas]
 
     @property
     def url(self) -> str:
@@ -236,29 +253,55 @@ class RedisClusterServers:
     def start(self) -> None:
         import redis
 
-        for node in self.nodes:
+        everyone = self.nodes + self.replicas
+        for node in everyone:
             node.start()
-        clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in self.nodes]
+        clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in everyone]
         try:
-            for client, (low, high) in zip(clients, self.RANGES, strict=True):
+            for client, (low, high) in zip(clients, self.RANGES, strict=False):
                 client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
-            for node in self.nodes[1:]:
+            for node in everyone[1:]:
                 clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
             deadline = time.monotonic() + 20.0
             while not all(self._ready(client) for client in clients):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the cluster did not form within 20 s")
                 time.sleep(0.05)
+            replicas = clients[len(self.nodes) :]
+            for client, index in zip(replicas, self.replica_of, strict=True):
+                primary = clients[index].execute_command("CLUSTER", "MYID")
+                primary = primary.decode() if isinstance(primary, bytes) else primary
+                self._until("the replica met its primary", self._knows, client, primary)
+                client.execute_command("CLUSTER", "REPLICATE", primary)
+            for client in replicas:
+                self._until("the replicas are in sync", self._replicating, client)
         finally:
             for client in clients:
                 client.close()
+
+    @staticmethod
+    def _until(what: str, check: Any, *args: Any, within: float = 20.0) -> None:
+        deadline = time.monotonic() + within
+        while not check(*args):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not within {within} s: {what}")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _knows(client: Any, node_id: str) -> bool:
+        nodes = client.execute_command("CLUSTER", "NODES")  # (text, or parsed by some redis-py)
+        return node_id in (nodes.decode() if isinstance(nodes, bytes) else str(nodes))
+
+    @staticmethod
+    def _replicating(client: Any) -> bool:
+        return bool(client.info("replication").get("master_link_status") == "up")
 
     def _ready(self, client: Any) -> bool:
         info = client.execute_command("CLUSTER", "INFO").decode()
         return "cluster_state:ok" in info and len(client.execute_command("CLUSTER", "SLOTS")) == 3
 
     def stop(self) -> None:
-        for node in self.nodes:
+        for node in self.nodes + self.replicas:
             node.stop()
 
     def owner(self, key: str) -> int:

@@ -36,6 +36,7 @@ from test_backend_redis_shared import (
 
 import throttlekit
 from throttlekit import BackendUnavailable
+from throttlekit.backends._redis_leases import LocalLease
 from throttlekit.backends._redis_nodes import ClusterMap
 from throttlekit.backends.redis import RedisBackend
 
@@ -552,3 +553,98 @@ def test_controllers_decide_alike_in_memory_and_on_a_cluster(
         )
 
     check()
+
+
+# -- a primary that dies: its replica takes over ------------------------------------------------
+
+
+def _role(server: Any) -> str:
+    try:
+        return str(redis.Redis(port=server.port).info("replication")["role"])
+    except redis.exceptions.ConnectionError:
+        return "gone"
+
+
+@pytest.mark.parametrize(
+    ("victim", "how"),
+    [(2, "killed"), (0, "hung")],
+    ids=["killed", "the-url's-node-hung"],
+)
+@pytest.mark.anyio
+async def test_a_primary_that_dies_fails_over_to_its_replica(
+    tmp_path: Path, prefix: str, victim: int, how: str
+) -> None:
+    """A primary killed by PID (or hung by SIGSTOP: the node of the backend's URL):
+    until its replica is promoted, every call on its slots ends within the caller's
+    bound, failing closed raises and failing open grants locally; then both backends
+    are back on Redis, on the promoted replica."""
+    cluster = RedisClusterServers(tmp_path, replicas=(victim,), node_timeout=1000)
+    cluster.start()
+    try:
+        scope = spread(cluster, prefix, 1)[victim]  # (on the primary that dies)
+        closed = RedisBackend.from_url(cluster.url, prefix=prefix, failure="fail_closed")
+        opened = RedisBackend.from_url(cluster.url, prefix=prefix, reconnect_interval=0.1)
+        limiters = {
+            backend: throttlekit.Limiter(
+                default=fast(concurrency=4, delay=0.0), backend=backend, concurrency=None
+            )
+            for backend in (closed, opened)
+        }
+        try:
+            for limiter in limiters.values():
+                async with limiter.acquire(scopes=scope):
+                    pass  # (connected to the primary, scripts loaded there)
+            if how == "killed":
+                cluster.nodes[victim].kill()
+            else:
+                cluster.nodes[victim].pause()
+            seen: dict[tuple[str, str], int] = {}
+            slowest = 0.0
+            deadline = time.monotonic() + 20.0
+            while _role(cluster.replicas[0]) != "master":
+                assert time.monotonic() < deadline, "the replica was not promoted"
+                for backend, limiter in limiters.items():
+                    outcome, took = await _one_call(limiter, scope, within=0.4)
+                    slowest = max(slowest, took)
+                    seen[backend.failure, outcome] = seen.get((backend.failure, outcome), 0) + 1
+                await anyio.sleep(0.05)
+            assert slowest <= 0.4 + 0.3, seen  # (the caller's timeout, not a socket's)
+            assert seen.get(("fail_closed", "unavailable"), 0) >= 3, seen
+            assert seen.get(("fail_open", "local"), 0) >= 3, seen
+            assert ("fail_closed", "local") not in seen
+            assert ("fail_open", "unavailable") not in seen
+            for backend, limiter in limiters.items():  # (on Redis again, within seconds)
+                grants = backend.statistics().grants
+                with anyio.fail_after(5.0):
+                    while backend.statistics().grants == grants:
+                        await _one_call(limiter, scope, within=0.4)
+                        await anyio.sleep(0.05)
+                assert backend.statistics().available
+            promoted = cluster.replicas[0].port
+            assert await keys_on_port(promoted, f"{{{prefix}:{scope}}}:*")
+        finally:
+            for backend in limiters:
+                await backend.aclose()
+    finally:
+        cluster.stop()
+
+
+async def _one_call(limiter: throttlekit.Limiter, scope: str, within: float) -> tuple[str, float]:
+    """One acquire and release: where it was granted (or why not), and how long it took."""
+    started = time.monotonic()
+    try:
+        async with limiter.acquire(scopes=scope, timeout=within) as permit:
+            outcome = "local" if isinstance(permit._lease, LocalLease) else "redis"
+    except BackendUnavailable:
+        outcome = "unavailable"
+    except throttlekit.ThrottleTimeout:
+        outcome = "timeout"
+    return outcome, time.monotonic() - started
+
+
+async def keys_on_port(port: int, pattern: str) -> list[bytes]:
+    client = redis.asyncio.Redis(port=port)
+    try:
+        return sorted(await client.keys(pattern))
+    finally:
+        await client.aclose()

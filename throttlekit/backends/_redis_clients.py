@@ -210,7 +210,10 @@ def library_of(client: Any) -> Library:
 
 def installed(name: str) -> bool:
     """Whether the client library ``name`` is installed (without importing it)."""
-    return importlib.util.find_spec(name) is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # (an import hook that refuses it)
+        return False
 
 
 def library_for_url(url: str, name: str | None) -> Library:

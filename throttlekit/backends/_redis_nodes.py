@@ -19,6 +19,8 @@ pins it to the supported redis-py versions.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import math
 from collections.abc import Callable
@@ -47,6 +49,12 @@ _TRY_AGAIN: Final = 0.02
 _CACHED: Final = 16384
 
 
+def _asks_last(manager: Any) -> bool:
+    """Whether the nodes manager's ``initialize()`` takes the node to ask last (redis-py 7+)."""
+    parameters = inspect.signature(manager.initialize).parameters
+    return "last_failed_node_name" in parameters
+
+
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` is a cluster client (redis-py's ``RedisCluster``, ``ValkeyCluster``)."""
     return callable(getattr(client, "keyslot", None)) and hasattr(client, "nodes_manager")
@@ -61,15 +69,23 @@ class ClusterMap:
     ``get_node_from_slot()``, ``nodes_cache``, ``startup_nodes``) and a
     node's ``host``, ``port``, ``server_type``, ``connection_class`` and
     ``connection_kwargs``.
+
+    The client reads the table from the first of its nodes that answers,
+    one after another, without a bound of its own: a node that hangs
+    (stopped, or cut off) would hold every reading until the caller's bound,
+    even once its replica serves its slots. So the node whose call failed,
+    and the node asked first by a reading that did not end, are asked last.
     """
 
-    __slots__ = ("_owners", "_read", "_slots", "client", "library", "stale")
+    __slots__ = ("_avoid", "_owners", "_read", "_reading", "_slots", "client", "library", "stale")
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.library = library_of(client)
         self.stale = True  # the slot table must be read before the next call
         self._read = False
+        self._reading = False  # a reading under way (or cut short by its caller's bound)
+        self._avoid: str | None = None  # the node to ask last ("host:port")
         self._owners: dict[int, tuple[str, int]] = {}
         self._slots: dict[bytes, int] = {}
 
@@ -85,11 +101,16 @@ class ClusterMap:
             slot = self._slots[key] = int(self.client.keyslot(key))
         return slot
 
+    def unreachable(self, host: str, port: int) -> None:
+        """A call to the node at ``host:port`` failed: read the table again, asking it last."""
+        self.stale = True
+        self._avoid = f"{host}:{port}"
+
     async def refresh(self) -> None:
         """Read the slot table again (``CLUSTER SLOTS`` through the client)."""
         try:
             if self._read:
-                await self.client.nodes_manager.initialize()
+                await self._read_again()
             else:  # (the client's own first reading: its aclose() closes what it opened)
                 await self.client.initialize()
                 self._read = True
@@ -98,6 +119,24 @@ class ClusterMap:
             raise self.library.exceptions.ConnectionError(message) from None
         self._owners.clear()
         self.stale = False
+
+    async def _read_again(self) -> None:
+        """``initialize()`` of the nodes manager, the node to avoid asked last."""
+        manager = self.client.nodes_manager
+        nodes: dict[str, Any] = manager.startup_nodes
+        if self._reading and nodes:  # (the last reading did not end: its first node hangs?)
+            first = next(iter(nodes))
+            nodes[first] = nodes.pop(first)
+        avoid = self._avoid
+        if avoid in nodes:
+            nodes[avoid] = nodes.pop(avoid)  # (to the end of the order they are asked in)
+        self._reading = True
+        if avoid is not None and _asks_last(manager):
+            await manager.initialize(last_failed_node_name=avoid)  # (it shuffles the others)
+        else:
+            await manager.initialize()
+        self._reading = False
+        self._avoid = None
 
     def owner(self, key: bytes) -> tuple[str, int]:
         """The host and port of the primary that owns ``key``'s slot."""
@@ -143,7 +182,8 @@ class Nodes:
     :param failure: ``"fail_open"`` or ``"fail_closed"``.
     :param reconnect_interval: seconds between attempts while Redis is away (fail-open).
     :param to_cluster: makes a cluster client of the same URL, for a server
-        that turns out to be a cluster node (its first ``MOVED``, ``ASK`` or
+        that turns out to be a cluster node (``INFO cluster``, asked once
+        before the first call, or its first ``MOVED``, ``ASK`` or
         ``TRYAGAIN`` reply); None: such a reply is an error.
     """
 
@@ -164,6 +204,10 @@ class Nodes:
         self.cluster: ClusterMap | None = None
         self.link: Link | None = None  # the one server's
         self._to_cluster = to_cluster
+        #: Whether to ask the server if it is a cluster node before the first
+        #: call (else a backend whose scopes all live on the node of its URL
+        #: would never know, and could not follow that node's failover).
+        self._probe = to_cluster is not None
         self._links: dict[tuple[str, int], Link] = {}  # a cluster's, by address
         self._owned: list[Any] = []  # clients made here, closed by aclose()
         self._retired: list[Link] = []  # the one server's, once it turned out a cluster node
@@ -185,6 +229,9 @@ class Nodes:
     ) -> Any:
         """Run ``command`` on the server that holds ``key`` (see :meth:`Link.call`)."""
         link = self.link
+        if link is not None and self._probe:
+            await self._probe_cluster(link)
+            link = self.link
         if link is not None:
             try:
                 return await link.call(script, command, later=later)
@@ -226,7 +273,8 @@ class Nodes:
             redirects += 1
             if cluster.stale:
                 await cluster.refresh()
-            link = self._link_at(asking or cluster.owner(key))
+            address = asking or cluster.owner(key)
+            link = self._link_at(address)
             try:
                 return await link.call(script, command, later=later, asking=asking is not None)
             except ERRORS.moved as exc:  # (before AskError: a subclass of it)
@@ -242,7 +290,12 @@ class Nodes:
                 redirects = 0
                 await anyio.sleep(_TRY_AGAIN)
             except ERRORS.unavailable:
-                cluster.stale = True  # (a failover: the slot may be served elsewhere now)
+                cluster.unreachable(*address)  # (a failover: the slot may be elsewhere now)
+                raise
+            except asyncio.CancelledError:
+                # (A call cut short by its bound may have met a node that hangs:
+                # the bound cancels it, and the caller sees a TimeoutError.)
+                cluster.unreachable(*address)
                 raise
         message = f"more than {_REDIRECTS} redirections for one call"
         raise cluster.library.exceptions.ClusterError(message)
@@ -256,6 +309,16 @@ class Nodes:
             host, port = address
             link = self._links[address] = Link(client, location=f"{host}:{port}")
         return link
+
+    async def _probe_cluster(self, link: Link) -> None:
+        """Ask the server whether it is a cluster node (once); call the cluster if so."""
+        try:
+            info = await link.client.info("cluster")
+        except ERRORS.response:  # (INFO not permitted: a first MOVED reply will tell)
+            info = {}
+        self._probe = False
+        if info.get("cluster_enabled") and self.link is link:
+            self._become_cluster()
 
     def _become_cluster(self) -> None:
         """The server is a cluster node: call the cluster from now on."""

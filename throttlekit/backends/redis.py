@@ -270,8 +270,9 @@ class RedisBackend:
         ``cluster``: ``True`` makes a Redis Cluster client
         (``RedisCluster.from_url``), ``False`` a client of one server, and
         ``None`` (the default) a client of one server that becomes a cluster
-        client of the same URL when the server answers as a cluster node
-        (``MOVED``, ``ASK`` or ``TRYAGAIN``).
+        client of the same URL when the server is a cluster node (asked once,
+        with ``INFO cluster``, before the first call; or its first ``MOVED``,
+        ``ASK`` or ``TRYAGAIN`` reply where ``INFO`` is not permitted).
 
         ``client_library``: ``"redis"`` makes the client with redis-py,
         ``"valkey"`` with valkey-py (Valkey's fork of redis-py); ``None`` (the
