@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+import redis
 import redis.asyncio as aioredis
 from _redis import (
     CLIENT_LIBRARIES,
@@ -43,7 +44,7 @@ from redis.crc import key_slot
 
 import throttlekit
 from throttlekit import AutoThrottle, BackendUnavailable, ScopePolicy
-from throttlekit.backends import _redis_calls
+from throttlekit.backends import _redis_args
 from throttlekit.backends._redis_link import Wire, pack
 from throttlekit.backends.redis import RedisBackend
 
@@ -862,7 +863,7 @@ async def test_a_release_without_slot_delay_or_quota_reads_no_state(
     assert "cmdstat_hget" not in calls
     assert await admin.zcard(backend_keys(prefix, "s")[0]) == 0
     # Their script reads no policy either: the general release script was never sent.
-    plain, general = _redis_calls.PLAIN_RELEASE.sha, _redis_calls.RELEASE.sha
+    plain, general = _redis_args.PLAIN_RELEASE.sha, _redis_args.RELEASE.sha
     assert await admin.script_exists(plain, general) == [True, False]
     await admin.aclose()
 

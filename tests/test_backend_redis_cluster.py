@@ -609,8 +609,10 @@ async def test_a_primary_that_dies_fails_over_to_its_replica(
                     seen[backend.failure, outcome] = seen.get((backend.failure, outcome), 0) + 1
                 await anyio.sleep(0.05)
             assert slowest <= 0.4 + 0.3, seen  # (the caller's timeout, not a socket's)
-            assert seen.get(("fail_closed", "unavailable"), 0) >= 3, seen
-            assert seen.get(("fail_open", "local"), 0) >= 3, seen
+            # (Killed: a refused connection, tens of calls; hung: each call takes
+            # its whole bound, a few calls before the replica is promoted.)
+            assert seen.get(("fail_closed", "unavailable"), 0) >= 1, seen
+            assert seen.get(("fail_open", "local"), 0) >= 1, seen
             assert ("fail_closed", "local") not in seen
             assert ("fail_open", "unavailable") not in seen
             for backend, limiter in limiters.items():  # (on Redis again, within seconds)

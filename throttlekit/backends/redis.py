@@ -10,7 +10,8 @@ AutoThrottle, rampup, Adaptive, custom controllers)::
 
 Read top-down: this module (the Backend protocol, the fail-open fallback),
 then ``_redis_line`` (this process's waiters), ``_redis_calls`` (the round
-trips), ``_redis_across`` (a request across the slots of a cluster),
+trips; ``_redis_releases`` renews and releases, ``_redis_args`` encodes the
+arguments), ``_redis_across`` (a request across the slots of a cluster),
 ``_redis_scripts`` and ``lua/*.lua`` (the Lua: admission and bookkeeping,
 and the decoders of its replies), ``_redis_state`` (the controllers, run in
 Python on the state kept in Redis), ``_redis_leases`` (what is granted and
@@ -408,12 +409,14 @@ class RedisBackend:
             return
         lease.released = True
         calls = self._calls
-        if lease.feedback is None and calls.post_release(lease, lease.consumed):
+        if lease.feedback is None and calls.releases.post(lease, lease.consumed):
             self._let_go(lease)  # (sent without waiting: nothing to shield)
             return
         try:
             with anyio.CancelScope(shield=True):
-                if not await calls.release(lease, lease.feedback, lease.consumed, used=True):
+                if not await calls.releases.release(
+                    lease, lease.feedback, lease.consumed, used=True
+                ):
                     calls.orphans.append(lease)  # (its feedback is lost)
         finally:
             self._let_go(lease)
@@ -455,7 +458,7 @@ class RedisBackend:
         seconds = self.lease_time if lease_time is None else lease_time
         seconds = check_number("lease_time", seconds, minimum=0.0, strict=True)
         try:
-            return await self._calls.renew(lease, seconds)
+            return await self._calls.releases.renew(lease, seconds)
         except ERRORS.unavailable as exc:
             self._link.unavailable(exc, _now())
             return False
@@ -628,7 +631,7 @@ class RedisBackend:
         """Give back a grant that was never used (its quota too)."""
         lease.released = True
         try:
-            if not await self._calls.release(lease, None, None, used=False, quiet=True):
+            if not await self._calls.releases.release(lease, None, None, used=False, quiet=True):
                 self._calls.orphans.append(lease)
         finally:
             self._let_go(lease)
