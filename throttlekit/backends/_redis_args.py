@@ -87,6 +87,8 @@ class CallArgs:
     __slots__ = (
         "_keys",
         "_policies",
+        "_reserve_ahead",
+        "_settings_parts",
         "channel",
         "channel_arg",
         "colocate",
@@ -111,9 +113,11 @@ class CallArgs:
         self.channel = f"{prefix}:released".encode()
         self.channel_arg = bulk(self.channel)
         #: The acquire's four settings.
-        self.settings = b"".join(
+        self._settings_parts = [
             bulk(ms(value)) for value in (lease_time, reserve_ahead, state_ttl, RELEASE_RECHECK)
-        )
+        ]
+        self.settings = b"".join(self._settings_parts)
+        self._reserve_ahead = reserve_ahead
         self.ttl = ms(state_ttl)
         #: The release's arguments before the scopes' (after its clock, lease id, send time).
         self.release_base = self.channel_arg + bulk(self.ttl)
@@ -123,6 +127,18 @@ class CallArgs:
 
     def __repr__(self) -> str:
         return f"<CallArgs {self.prefix!r} scopes={len(self._keys)}>"
+
+    def settings_within(self, seconds: float) -> bytes:
+        """The acquire's settings for a caller who can wait ``seconds`` more at most.
+
+        A grant is then reserved no further ahead than that: its send must
+        come before the caller's timeout.
+        """
+        if seconds >= self._reserve_ahead:
+            return self.settings
+        parts = list(self._settings_parts)
+        parts[1] = bulk(ms(max(0.0, seconds)))
+        return b"".join(parts)
 
     def policy(self, policy: ScopePolicy) -> PolicyArgs:
         """``policy`` as the scripts read it (cached per policy object)."""

@@ -241,7 +241,12 @@ class ScriptCalls:
         (see :data:`ACQUIRE`). A grant whose controllers must run ``on_send``
         keeps their states in ``due``: :meth:`run_due` runs them.
         """
-        lease, command = self._acquire_command(lease_id, costs, policies, extra, gate, turn, at)
+        settings = self.encoded.settings
+        if deadline != INF:
+            settings = self.encoded.settings_within(deadline - _now())
+        lease, command = self._acquire_command(
+            lease_id, costs, policies, extra, gate, turn, at, settings
+        )
         self.acquire_calls += 1
         before = _now()
         try:
@@ -275,11 +280,12 @@ class ScriptCalls:
         gate: Ticket,
         turn: Any,
         at: bytes,
+        settings: bytes,
     ) -> tuple[RedisLease, bytes]:
         """The lease an ``ACQUIRE`` call would grant, and the call (see :meth:`ask`)."""
         keys: list[bytes] = []
         encoded_keys = [b""]
-        now, settings = bulk(self.now_arg()), self.encoded.settings
+        now = bulk(self.now_arg())
         args = [now, bulk(lease_id), settings, bulk_of(turn), bulk(at)]
         packed = []
         rng = self.rng

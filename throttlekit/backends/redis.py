@@ -125,7 +125,8 @@ class RedisBackend:
         most every ``reconnect_interval``); ``"fail_closed"`` raises
         :class:`~throttlekit.BackendUnavailable`.
     :param reserve_ahead: seconds ahead of its send time a grant may be
-        reserved (never a whole delay); ``0`` grants only at the current instant.
+        reserved (at a fast pace, several delays ahead); ``0`` grants only at
+        the current instant.
     :param state_ttl: seconds a scope's learned state survives in Redis without
         any traffic (up to an eighth more). Live state (blocks, leases, quota
         windows) always lives as long as it matters.
