@@ -52,13 +52,13 @@ class Library:
     """
 
     __slots__ = (
+        "_retry",
         "client_class",
         "cluster_class",
         "cluster_errors",
         "exceptions",
         "name",
         "named_connections",
-        "no_retry",
         "pool_class",
         "unclustered",
     )
@@ -84,8 +84,7 @@ class Library:
         self.pool_class: Any = client.ConnectionPool
         #: The error raised when no cluster node answers (``RedisClusterException``).
         self.unclustered: type[BaseException] = getattr(self.exceptions, f"{title}ClusterException")
-        #: A ``retry=`` that retries nothing: the backend bounds each round trip itself.
-        self.no_retry: Any = retry.Retry(backoff.NoBackoff(), 0)
+        self._retry: Any = (retry.Retry, backoff.NoBackoff)
         #: Whether the pool's ``get_connection`` wants a command name (redis-py
         #: before 5.3, valkey-py 6; later redis-py warns when given one).
         self.named_connections = _wants_command_name(self.pool_class.get_connection)
@@ -102,6 +101,11 @@ class Library:
 
     def __repr__(self) -> str:
         return f"<Library {self.name}>"
+
+    def no_retry(self) -> Any:
+        """A ``retry=`` that retries nothing (the backend bounds each round trip itself)."""
+        retry, no_backoff = self._retry
+        return retry(no_backoff(), 0)
 
     def cluster_error(self, exc: Exception) -> Exception:
         """``exc`` (a plain ``ResponseError``) as the class of the cluster error it is, if one."""

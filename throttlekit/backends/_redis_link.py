@@ -105,7 +105,7 @@ def connect(
     library = library_for_url(url, client_library)
     options.setdefault("socket_connect_timeout", command_timeout)
     options.setdefault("socket_timeout", None)  # each round trip is bounded by the backend
-    options.setdefault("retry", library.no_retry)
+    options.setdefault("retry", library.no_retry())
 
     def to_cluster() -> Any:
         return library.cluster_class.from_url(url, **options)
