@@ -50,6 +50,10 @@ from ._redis_state import scope_statistics
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
+    import valkey.asyncio as aiovalkey
+
+    #: The clients a backend takes: redis-py's and valkey-py's, of one server or a cluster.
+    Client = aioredis.Redis | aioredis.RedisCluster | aiovalkey.Valkey | aiovalkey.ValkeyCluster
 
     from .._controller import Feedback
     from .._limiter import Limiter
@@ -161,7 +165,7 @@ class RedisBackend:
 
     def __init__(
         self,
-        client: aioredis.Redis | aioredis.RedisCluster,
+        client: Client,
         *,
         prefix: str = "throttlekit",
         lease_time: float = 60.0,
@@ -315,7 +319,7 @@ class RedisBackend:
         return self._location
 
     @property
-    def client(self) -> aioredis.Redis | aioredis.RedisCluster:
+    def client(self) -> Client:
         """The ``redis.asyncio`` (or ``valkey.asyncio``) client given (or made by
         :meth:`from_url`)."""
         return self._client
