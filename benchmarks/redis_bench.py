@@ -36,7 +36,9 @@
     DESIGN.md's: rate within 1 % of the policy, concurrency never exceeded,
     one round trip per uncontended acquire, at most 1.5 PINGs per acquire.
 
-``python -m benchmarks.redis_bench [--quick]`` prints the dict as JSON.
+``python -m benchmarks.redis_bench [--quick]`` prints the dict as JSON;
+``--uncontended 5`` runs only ``single``, five times on one server, and
+prints each run's PINGs per acquire and their median (the target's figure).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ import throttlekit
 from throttlekit.backends._redis_link import Script
 from throttlekit.backends.redis import RedisBackend
 
-__all__ = ["DELAY", "HOLD", "run"]
+__all__ = ["DELAY", "HOLD", "run", "uncontended"]
 
 #: The shared scope's delay in the multi-process run (policy rate 1 / DELAY).
 DELAY = 0.02
@@ -385,6 +387,24 @@ def _multiprocess(url: str, duration: float, reserve_ahead: float) -> dict[str, 
     }
 
 
+def uncontended(runs: int, ops: int = 3000) -> dict[str, Any]:
+    """Only the ``single`` part, ``runs`` times on one server: PINGs per acquire, and the median."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return {"skipped": "redis-server is not installed"}
+    server = _Server(binary)
+    try:
+        singles = [asyncio.run(_single(server.url, ops))["single"] for _ in range(runs)]
+    finally:
+        server.stop()
+    keys = ("pings_per_acquire", "pings_per_trivial_script", "cpu_pings_per_acquire", "ping_us")
+    return {
+        "runs": [{key: round(single[key], 3) for key in keys} for single in singles],
+        "median_pings_per_acquire": _median([single["pings_per_acquire"] for single in singles]),
+        "load_average": os.getloadavg()[0],
+    }
+
+
 def run(quick: bool) -> dict[str, Any]:
     """Measure the Redis backend; ``quick`` uses small sizes (a smoke run)."""
     binary = shutil.which("redis-server")
@@ -457,6 +477,9 @@ async def _work(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.redis_bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument(
+        "--uncontended", type=int, metavar="RUNS", help="only the uncontended runs, RUNS times"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
@@ -465,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         asyncio.run(_work(args))
+        return 0
+    if args.uncontended:
+        print(json.dumps(uncontended(args.uncontended), indent=2))
         return 0
     print(json.dumps(run(args.quick), indent=2))
     return 0

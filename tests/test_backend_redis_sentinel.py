@@ -2,7 +2,8 @@
 
 A real primary, its replica and one Sentinel (``redis-server --sentinel``)
 run on free ports of 127.0.0.1, started by the test and stopped by PID.
-The backend is given redis-py's ``Sentinel(...).master_for(...)`` client;
+The backend is given redis-py's ``Sentinel(...).master_for(...)`` client
+(and valkey-py's);
 after ``SENTINEL FAILOVER`` its next call finds the new primary (the old
 one answers ``READONLY``, and a new connection asks Sentinel).
 """
@@ -16,9 +17,15 @@ from pathlib import Path
 
 import anyio
 import pytest
-from _redis import REDIS_SERVER, RedisServer, fast, free_port
-from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import ResponseError
+from _redis import (
+    CLIENT_LIBRARIES,
+    RedisServer,
+    client_errors,
+    client_module,
+    fast,
+    free_port,
+    server_binary,
+)
 from test_backend_redis_cluster import held, refused
 
 import throttlekit
@@ -38,18 +45,25 @@ def anyio_backend() -> str:
 class SentinelServers:
     """A primary, its replica and one Sentinel watching them (quorum 1)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, binary: str | None = None) -> None:
         # (A full resync writes an RDB file: into the test's directory, not the cwd.)
-        self.primary = RedisServer("--dir", str(directory), "--repl-diskless-sync", "yes")
+        self.primary = RedisServer(
+            "--dir", str(directory), "--repl-diskless-sync", "yes", binary=binary
+        )
         self.replica = RedisServer(
-            "--dir", str(directory), "--replicaof", "127.0.0.1", str(self.primary.port)
+            "--dir",
+            str(directory),
+            "--replicaof",
+            "127.0.0.1",
+            str(self.primary.port),
+            binary=binary,
         )
         self.port = free_port()
         self.config = directory / "sentinel.conf"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        assert REDIS_SERVER is not None
+        assert self.primary.binary is not None
         self.primary.start()
         self.replica.start()
         self.config.write_text(
@@ -59,7 +73,7 @@ class SentinelServers:
             f"sentinel failover-timeout {SERVICE} 5000\n"
         )
         self.process = subprocess.Popen(
-            [REDIS_SERVER, str(self.config), "--sentinel"],
+            [self.primary.binary, str(self.config), "--sentinel"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -74,8 +88,9 @@ class SentinelServers:
 
 
 @pytest.fixture
-def sentinel_servers(tmp_path: Path) -> Iterator[SentinelServers]:
-    servers = SentinelServers(tmp_path)
+def sentinel_servers(tmp_path: Path, client_library: str) -> Iterator[SentinelServers]:
+    """Redis's servers for redis-py, Valkey's for valkey-py (see ``server_binary``)."""
+    servers = SentinelServers(tmp_path, server_binary(client_library))
     try:
         servers.start()
         yield servers
@@ -91,11 +106,15 @@ async def _until(check: object, within: float) -> None:
         await anyio.sleep(0.1)
 
 
+@pytest.mark.parametrize("client_library", CLIENT_LIBRARIES)
 @pytest.mark.anyio
 async def test_a_sentinel_client_follows_a_failover(
-    sentinel_servers: SentinelServers, prefix: str
+    sentinel_servers: SentinelServers, prefix: str, client_library: str
 ) -> None:
-    sentinel = Sentinel([("127.0.0.1", sentinel_servers.port)], socket_timeout=1.0)
+    sentinel_class = client_module(client_library).sentinel.Sentinel
+    sentinel = sentinel_class([("127.0.0.1", sentinel_servers.port)], socket_timeout=1.0)
+    response_error = client_errors(client_library).ResponseError
+    not_found = client_module(client_library).sentinel.MasterNotFoundError
     watcher = sentinel.sentinels[0]
 
     async def replica_known() -> bool:
@@ -121,14 +140,17 @@ async def test_a_sentinel_client_follows_a_failover(
         async def failing_over() -> bool:
             try:
                 await watcher.execute_command("SENTINEL", "FAILOVER", SERVICE)
-            except ResponseError:  # NOGOODSLAVE: the replica's state is not fresh yet
+            except response_error:  # NOGOODSLAVE: the replica's state is not fresh yet
                 return False
             return True
 
         await _until(failing_over, 15.0)
 
         async def promoted() -> bool:
-            _, port = await sentinel.discover_master(SERVICE)
+            try:
+                _, port = await sentinel.discover_master(SERVICE)
+            except not_found:  # (Valkey's Sentinel, while the failover is under way)
+                return False
             return bool(port == sentinel_servers.replica.port)
 
         await _until(promoted, 20.0)

@@ -103,6 +103,7 @@ _BLOCKED = (
     "aiohttp",
     "scrapy",
     "redis",
+    "valkey",
     "requests",
     "urllib3",
     "twisted",

@@ -115,5 +115,5 @@ class AcrossSlots:
         with anyio.CancelScope(shield=True):
             while parts:
                 part = parts.pop()
-                if not await calls.release(part, None, None, used=False, quiet=True):
+                if not await calls.releases.release(part, None, None, used=False, quiet=True):
                     calls.orphans.append(part)

@@ -16,11 +16,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
 
 import anyio
-from redis import exceptions as redis_errors
 
 from .._clock import now as _now
 from .._errors import ThrottleTimeout
-from ._redis_link import UNAVAILABLE
+from ._redis_clients import ERRORS
 
 __all__ = ["POLL_WITHOUT_PUBSUB", "RELEASE_RECHECK", "Waiter", "WaiterLine"]
 
@@ -134,7 +133,7 @@ class WaiterLine:
                 if full and self._pubsub is None and not self._pubsub_denied:
                     try:
                         await self.subscribe(deadline)
-                    except UNAVAILABLE:
+                    except ERRORS.unavailable:
                         pass  # waits on the timer below; the next attempt notices
                     else:
                         continue  # releases reach us from now on: look again first
@@ -253,9 +252,9 @@ class WaiterLine:
                             b"subscribe",
                         ):
                             break
-            except redis_errors.ResponseError as exc:
+            except ERRORS.response as exc:
                 await self._close_pubsub(pubsub)
-                if isinstance(exc, UNAVAILABLE):
+                if isinstance(exc, ERRORS.unavailable):
                     raise
                 self._pubsub_denied = True
                 logger.warning(
@@ -284,7 +283,10 @@ class WaiterLine:
                         message = await pubsub.get_message(
                             ignore_subscribe_messages=True, timeout=remaining
                         )
-                except (*UNAVAILABLE, RuntimeError):  # RuntimeError: closed under us
+                except ERRORS.unavailable:
+                    await self.drop_pubsub()
+                    return
+                except RuntimeError:  # (closed under us)
                     await self.drop_pubsub()
                     return
                 if message is not None and message.get("type") in ("message", b"message"):

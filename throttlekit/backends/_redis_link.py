@@ -12,7 +12,6 @@ most the bound it gave, never the socket timeouts of the client.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import math
 import sys
@@ -22,18 +21,9 @@ from typing import Any, Final, TypeVar
 
 import anyio
 
-try:
-    import redis.asyncio as aioredis
-    from redis import exceptions as redis_errors
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
-    ) from exc
+from ._redis_clients import ERRORS, library_for_url, library_of
 
 __all__ = [
-    "UNAVAILABLE",
     "Deadlines",
     "Link",
     "Script",
@@ -54,18 +44,6 @@ logger = logging.getLogger("throttlekit.backends.redis")
 INF: Final = math.inf
 
 T = TypeVar("T")
-
-#: Errors that mean "Redis cannot be reached (or cannot take writes) now"
-#: (``TimeoutError``, an ``OSError``, and ``asyncio.TimeoutError``, the same
-#: class since Python 3.11: a round trip over its bound).
-UNAVAILABLE: Final = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.ReadOnlyError,
-    redis_errors.ClusterError,  # (CLUSTERDOWN, MASTERDOWN: a cluster failing over)
-    OSError,
-    asyncio.TimeoutError,
-)
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -103,33 +81,40 @@ def redact_url(url: str) -> str:
 
 
 def connect(
-    url: str, command_timeout: float, options: dict[str, Any], cluster: bool | None = None
+    url: str,
+    command_timeout: float,
+    options: dict[str, Any],
+    cluster: bool | None = None,
+    client_library: str | None = None,
 ) -> tuple[Any, str, Callable[[], Any] | None]:
     """A client for ``url``, where it connects, and how to make a cluster client of it.
 
-    ``cluster``: True makes a ``RedisCluster`` client, False a client of one
-    server, None one server that becomes a cluster client on its first
-    ``MOVED`` reply (the third value makes that client). See
+    ``cluster``: True makes a cluster client, False a client of one server,
+    None one server that becomes a cluster client on its first ``MOVED``
+    reply (the third value makes that client). ``client_library``:
+    ``"redis"``, ``"valkey"``, or None (by the URL's scheme). See
     ``RedisBackend.from_url``.
     """
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, got {type(url).__name__}")
     if cluster not in (None, True, False):
         raise TypeError(f"cluster must be True, False or None, got {cluster!r}")
+    if client_library is not None and not isinstance(client_library, str):
+        raise TypeError(f"client_library must be a str or None, got {client_library!r}")
     location = redact_url(url)
+    library = library_for_url(url, client_library)
     options.setdefault("socket_connect_timeout", command_timeout)
     options.setdefault("socket_timeout", None)  # each round trip is bounded by the backend
-    options.setdefault("retry", Retry(NoBackoff(), 0))
+    options.setdefault("retry", library.no_retry())
 
     def to_cluster() -> Any:
-        from redis.asyncio.cluster import RedisCluster
-
-        return RedisCluster.from_url(url, **options)
+        return library.cluster_class.from_url(url, **options)
 
     try:
         if cluster:
             return to_cluster(), location, None
-        return aioredis.from_url(url, **options), location, None if cluster is False else to_cluster
+        client = library.client_class.from_url(url, **options)
+        return client, location, None if cluster is False else to_cluster
     except (ValueError, TypeError) as exc:
         raise type(exc)(f"invalid Redis URL {location}: {exc}") from None
 
@@ -173,35 +158,27 @@ def pack(head: bytes, count: int, parts: Sequence[Any]) -> bytes:
     return b"".join([b"*%d\r\n" % (count + len(parts)), head, *map(bulk_of, parts)])
 
 
-def _wants_command_name(get_connection: Any) -> bool:
-    parameter = inspect.signature(get_connection).parameters.get("command_name")
-    return parameter is not None and parameter.default is inspect.Parameter.empty
-
-
 class Wire:
     """The few things the backend does to a redis-py connection that redis-py has no call for.
 
     The one place that reads a connection's private attributes, pinned by
     ``tests/test_backend_redis.py`` to the redis-py versions the ``redis``
     extra accepts (``nox -s redis_py`` runs the Redis tests on the oldest and
-    the newest): a posted call is written on the connection's stream writer
-    without awaiting (``_writer``: at the end of an event-loop step, where
-    nothing can be awaited), which also tells whether the connection is
-    open. Replies are read by redis-py's own parser (``read_response``:
-    ``hiredis`` when installed), which raises an error reply as its
-    exception class (``NoScriptError``, ``MovedError``...).
+    the newest) and to valkey-py's (the ``valkey`` extra): a posted call is
+    written on the connection's stream writer without awaiting (``_writer``:
+    at the end of an event-loop step, where nothing can be awaited), which
+    also tells whether the connection is open. Replies are read by the
+    client library's own parser (``read_response``: ``hiredis``, or
+    ``libvalkey`` for valkey-py, when installed), which raises an error reply
+    as its exception class (``NoScriptError``, ``MovedError``...).
     """
 
     __slots__ = ()
 
-    #: Whether the pool's ``get_connection`` wants a command name (redis-py
-    #: before 5.3; later versions warn when given one).
-    _NAMED: Final = _wants_command_name(aioredis.ConnectionPool.get_connection)
-
     @staticmethod
     async def connection(pool: Any) -> Any:
-        """A connection from ``pool`` (a ``redis.asyncio`` connection pool)."""
-        if Wire._NAMED:
+        """A connection from ``pool`` (a ``redis.asyncio`` or ``valkey.asyncio`` pool)."""
+        if library_of(pool).named_connections:
             return await pool.get_connection("EVALSHA")
         return await pool.get_connection()
 
@@ -209,14 +186,15 @@ class Wire:
     async def read(connection: Any) -> Any:
         """One reply (bytes, ints, lists, None), read by the connection's parser.
 
-        :raises redis.exceptions.ResponseError: for an error reply.
+        :raises redis.exceptions.ResponseError: for an error reply (valkey-py's
+            class on its connections).
         :raises redis.exceptions.ConnectionError: when the connection broke.
         """
         try:
             return await connection.read_response(disable_decoding=True, disconnect_on_error=False)
-        except redis_errors.ResponseError as exc:
-            if type(exc) is redis_errors.ResponseError:  # (a parser without cluster errors)
-                raise _cluster_error(exc) from None
+        except ERRORS.response as exc:
+            if type(exc).__name__ == "ResponseError":  # (a parser without cluster errors)
+                raise library_of(exc).cluster_error(exc) from None
             raise
 
     @staticmethod
@@ -237,29 +215,6 @@ class Wire:
 
 read_reply = Wire.read
 
-#: Cluster error replies by their first word (redis-py before 5.1 gives a plain
-#: ``ResponseError`` on a connection that is not a cluster client's).
-_CLUSTER_ERRORS: Final = {
-    "MOVED": redis_errors.MovedError,
-    "ASK": redis_errors.AskError,
-    "TRYAGAIN": redis_errors.TryAgainError,
-    "CLUSTERDOWN": redis_errors.ClusterDownError,
-    "MASTERDOWN": redis_errors.MasterDownError,
-}
-
-
-def _cluster_error(exc: redis_errors.ResponseError) -> redis_errors.ResponseError:
-    """``exc`` as the class redis-py gives the cluster error it is, if it is one."""
-    message = str(exc)
-    word, _, rest = message.partition(" ")
-    kind = _CLUSTER_ERRORS.get(word)
-    if kind is None:
-        return exc
-    error: redis_errors.ResponseError = kind(
-        rest if kind in (redis_errors.MovedError, redis_errors.AskError) else message
-    )
-    return error
-
 
 async def _read_all(connection: Any, count: int) -> list[Any]:
     """The next ``count`` replies on ``connection``, an error reply as its exception."""
@@ -267,7 +222,7 @@ async def _read_all(connection: Any, count: int) -> list[Any]:
     for _ in range(count):
         try:
             replies.append(await read_reply(connection))
-        except redis_errors.ResponseError as exc:
+        except ERRORS.response as exc:
             replies.append(exc)
     return replies
 
@@ -413,13 +368,16 @@ ASKING: Final = b"*1\r\n$6\r\nASKING\r\n"
 class Link:
     """Script calls on kept connections of one Redis server (the caller bounds their time).
 
-    :param client: the ``redis.asyncio`` client whose pool gives the connections.
+    :param client: the ``redis.asyncio`` (or ``valkey.asyncio``) client whose
+        pool gives the connections.
     :param location: how messages name the server (no credentials).
     """
 
-    def __init__(self, client: aioredis.Redis, *, location: str) -> None:
+    def __init__(self, client: Any, *, location: str) -> None:
         self.client = client
         self.location = location
+        #: The client library's errors (for the ones this class raises).
+        self._errors = library_of(client).exceptions
         self._idle: list[Any] = []
         #: Per kept connection, the calls sent on it whose replies are still to read.
         self._owed: dict[Any, list[Settle]] = {}
@@ -494,19 +452,19 @@ class Link:
                         reply = _last(await _read_all(connection, 2))
                     else:
                         reply = await read_reply(connection)
-                except redis_errors.NoScriptError:
+                except ERRORS.no_script:
                     self._loaded.clear()  # (SCRIPT FLUSH, or a new server)
                     load = pack(b"", 0, (b"SCRIPT", b"LOAD", script.source))
                     await Wire.write(connection, load + ask + command)
                     reply = _last(await _read_all(connection, 3 if asking else 2))
-            except (redis_errors.ConnectionError, redis_errors.ReadOnlyError) as exc:
+            except ERRORS.reconnect as exc:
                 # (READONLY: a primary that became a replica; a new connection
                 # finds the new primary through Sentinel.)
                 await self._drop(connection, owed, exc)
                 if kept and not attempt:
                     continue
                 raise
-            except redis_errors.ResponseError:
+            except ERRORS.response:
                 await self._keep(connection)  # (the reply was read whole: still in step)
                 raise
             except BaseException as exc:
@@ -575,8 +533,8 @@ class Link:
         while owed:
             try:
                 reply = await read_reply(connection)
-            except redis_errors.ResponseError as exc:  # an error reply: still in step
-                if isinstance(exc, redis_errors.NoScriptError):
+            except ERRORS.response as exc:  # an error reply: still in step
+                if isinstance(exc, ERRORS.no_script):
                     self._loaded.clear()
                 reply = exc
             owed.pop(0)(reply)
@@ -591,7 +549,7 @@ class Link:
             owed = self._owed.pop(connection, None)
             self._corked.pop(connection, None)
             if owed:
-                _fail(owed, redis_errors.ConnectionError("the connection was closed"))
+                _fail(owed, self._errors.ConnectionError("the connection was closed"))
             self._closed.append(connection)
         return None
 
@@ -638,6 +596,6 @@ class Link:
         for connection in idle:
             owed = self._owed.pop(connection, None)
             if owed:
-                await self._drop(connection, owed, redis_errors.ConnectionError("closed"))
+                await self._drop(connection, owed, self._errors.ConnectionError("closed"))
             else:
                 await self.client.connection_pool.release(connection)

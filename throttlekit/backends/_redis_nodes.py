@@ -19,6 +19,8 @@ pins it to the supported redis-py versions.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import math
 from collections.abc import Callable
@@ -26,16 +28,9 @@ from typing import Any, Final
 
 import anyio
 
-try:
-    import redis.asyncio as aioredis
-    from redis import exceptions as redis_errors
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
-    ) from exc
-
 from .._errors import BackendUnavailable
-from ._redis_link import UNAVAILABLE, Link, Script, Settle, describe_failure
+from ._redis_clients import ERRORS, library_of
+from ._redis_link import Link, Script, Settle, describe_failure
 
 __all__ = ["ClusterMap", "Nodes", "is_cluster"]
 
@@ -54,27 +49,43 @@ _TRY_AGAIN: Final = 0.02
 _CACHED: Final = 16384
 
 
+def _asks_last(manager: Any) -> bool:
+    """Whether the nodes manager's ``initialize()`` takes the node to ask last (redis-py 7+)."""
+    parameters = inspect.signature(manager.initialize).parameters
+    return "last_failed_node_name" in parameters
+
+
 def is_cluster(client: Any) -> bool:
-    """Whether ``client`` is a Redis Cluster client (redis-py's ``RedisCluster`` or alike)."""
+    """Whether ``client`` is a cluster client (redis-py's ``RedisCluster``, ``ValkeyCluster``)."""
     return callable(getattr(client, "keyslot", None)) and hasattr(client, "nodes_manager")
 
 
 class ClusterMap:
     """The slot table of a Redis Cluster, read through redis-py's ``RedisCluster``.
 
-    The only code of the backend that reads the cluster client's internals:
+    (Or valkey-py's ``ValkeyCluster``, the same code under other names.) The
+    only code of the backend that reads the cluster client's internals:
     ``initialize()``, ``keyslot()``, ``nodes_manager`` (``initialize()``,
     ``get_node_from_slot()``, ``nodes_cache``, ``startup_nodes``) and a
     node's ``host``, ``port``, ``server_type``, ``connection_class`` and
     ``connection_kwargs``.
+
+    The client reads the table from the first of its nodes that answers,
+    one after another, without a bound of its own: a node that hangs
+    (stopped, or cut off) would hold every reading until the caller's bound,
+    even once its replica serves its slots. So the node whose call failed,
+    and the node asked first by a reading that did not end, are asked last.
     """
 
-    __slots__ = ("_owners", "_read", "_slots", "client", "stale")
+    __slots__ = ("_avoid", "_owners", "_read", "_reading", "_slots", "client", "library", "stale")
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self.library = library_of(client)
         self.stale = True  # the slot table must be read before the next call
         self._read = False
+        self._reading = False  # a reading under way (or cut short by its caller's bound)
+        self._avoid: str | None = None  # the node to ask last ("host:port")
         self._owners: dict[int, tuple[str, int]] = {}
         self._slots: dict[bytes, int] = {}
 
@@ -90,18 +101,42 @@ class ClusterMap:
             slot = self._slots[key] = int(self.client.keyslot(key))
         return slot
 
+    def unreachable(self, host: str, port: int) -> None:
+        """A call to the node at ``host:port`` failed: read the table again, asking it last."""
+        self.stale = True
+        self._avoid = f"{host}:{port}"
+
     async def refresh(self) -> None:
         """Read the slot table again (``CLUSTER SLOTS`` through the client)."""
         try:
             if self._read:
-                await self.client.nodes_manager.initialize()
+                await self._read_again()
             else:  # (the client's own first reading: its aclose() closes what it opened)
                 await self.client.initialize()
                 self._read = True
-        except redis_errors.RedisClusterException as exc:  # no node answered
-            raise redis_errors.ConnectionError(f"no cluster node answered ({exc})") from None
+        except ERRORS.unclustered as exc:  # no node answered
+            message = f"no cluster node answered ({exc})"
+            raise self.library.exceptions.ConnectionError(message) from None
         self._owners.clear()
         self.stale = False
+
+    async def _read_again(self) -> None:
+        """``initialize()`` of the nodes manager, the node to avoid asked last."""
+        manager = self.client.nodes_manager
+        nodes: dict[str, Any] = manager.startup_nodes
+        if self._reading and nodes:  # (the last reading did not end: its first node hangs?)
+            first = next(iter(nodes))
+            nodes[first] = nodes.pop(first)
+        avoid = self._avoid
+        if avoid in nodes:
+            nodes[avoid] = nodes.pop(avoid)  # (to the end of the order they are asked in)
+        self._reading = True
+        if avoid is not None and _asks_last(manager):
+            await manager.initialize(last_failed_node_name=avoid)  # (it shuffles the others)
+        else:
+            await manager.initialize()
+        self._reading = False
+        self._avoid = None
 
     def owner(self, key: bytes) -> tuple[str, int]:
         """The host and port of the primary that owns ``key``'s slot."""
@@ -110,9 +145,9 @@ class ClusterMap:
         if owner is None:
             try:
                 node = self.client.nodes_manager.get_node_from_slot(slot)
-            except redis_errors.RedisClusterException as exc:  # (the slot has no owner now)
+            except ERRORS.unclustered as exc:  # (the slot has no owner now)
                 self.stale = True
-                raise redis_errors.ConnectionError(str(exc)) from None
+                raise self.library.exceptions.ConnectionError(str(exc)) from None
             owner = self._owners[slot] = (node.host, int(node.port))
         return owner
 
@@ -125,17 +160,18 @@ class ClusterMap:
         for node in self.client.nodes_manager.nodes_cache.values():
             if node.server_type == "primary":
                 return node.host, int(node.port)
-        raise redis_errors.ConnectionError("no primary known")
+        raise self.library.exceptions.ConnectionError("no primary known")
 
-    def client_at(self, host: str, port: int) -> aioredis.Redis:
+    def client_at(self, host: str, port: int) -> Any:
         """A client of the node at ``host:port``, with the cluster client's settings."""
         nodes = list(self.client.nodes_manager.nodes_cache.values())
         if not nodes:
             nodes = list(self.client.nodes_manager.startup_nodes.values())
         template = nodes[0]
         options = dict(template.connection_kwargs, host=host, port=port)
-        pool = aioredis.ConnectionPool(connection_class=template.connection_class, **options)
-        return aioredis.Redis(connection_pool=pool)
+        library = self.library
+        pool = library.pool_class(connection_class=template.connection_class, **options)
+        return library.client_class(connection_pool=pool)
 
 
 class Nodes:
@@ -146,7 +182,8 @@ class Nodes:
     :param failure: ``"fail_open"`` or ``"fail_closed"``.
     :param reconnect_interval: seconds between attempts while Redis is away (fail-open).
     :param to_cluster: makes a cluster client of the same URL, for a server
-        that turns out to be a cluster node (its first ``MOVED``, ``ASK`` or
+        that turns out to be a cluster node (``INFO cluster``, asked once
+        before the first call, or its first ``MOVED``, ``ASK`` or
         ``TRYAGAIN`` reply); None: such a reply is an error.
     """
 
@@ -167,6 +204,10 @@ class Nodes:
         self.cluster: ClusterMap | None = None
         self.link: Link | None = None  # the one server's
         self._to_cluster = to_cluster
+        #: Whether to ask the server if it is a cluster node before the first
+        #: call (else a backend whose scopes all live on the node of its URL
+        #: would never know, and could not follow that node's failover).
+        self._probe = to_cluster is not None
         self._links: dict[tuple[str, int], Link] = {}  # a cluster's, by address
         self._owned: list[Any] = []  # clients made here, closed by aclose()
         self._retired: list[Link] = []  # the one server's, once it turned out a cluster node
@@ -188,15 +229,18 @@ class Nodes:
     ) -> Any:
         """Run ``command`` on the server that holds ``key`` (see :meth:`Link.call`)."""
         link = self.link
+        if link is not None and self._probe:
+            await self._probe_cluster(link)
+            link = self.link
         if link is not None:
             try:
                 return await link.call(script, command, later=later)
-            except (redis_errors.AskError, redis_errors.TryAgainError) as exc:  # (MOVED too)
+            except (*ERRORS.ask, *ERRORS.try_again) as exc:  # (MOVED too)
                 if self._to_cluster is None:
                     raise RuntimeError(
                         f"Redis at {self.location} is a Redis Cluster node: give RedisBackend "
-                        "a redis.asyncio.cluster.RedisCluster client, or use "
-                        "RedisBackend.from_url"
+                        "a redis.asyncio.cluster.RedisCluster client (valkey-py: ValkeyCluster), "
+                        "or use RedisBackend.from_url"
                     ) from exc
                 if self.link is link:  # (not already switched by another task's call)
                     self._become_cluster()
@@ -211,7 +255,7 @@ class Nodes:
                 return False
             try:
                 link = self._links.get(cluster.owner(key))
-            except redis_errors.ConnectionError:  # (no owner known: the call will say)
+            except ERRORS.connection:  # (no owner known: the call will say)
                 return False
             if link is None:
                 return False
@@ -229,25 +273,32 @@ class Nodes:
             redirects += 1
             if cluster.stale:
                 await cluster.refresh()
-            link = self._link_at(asking or cluster.owner(key))
+            address = asking or cluster.owner(key)
+            link = self._link_at(address)
             try:
                 return await link.call(script, command, later=later, asking=asking is not None)
-            except redis_errors.MovedError as exc:  # (before AskError: a subclass of it)
+            except ERRORS.moved as exc:  # (before AskError: a subclass of it)
                 cluster.moved(exc.slot_id, exc.host, exc.port)
                 asking = None
-            except redis_errors.AskError as exc:
+            except ERRORS.ask as exc:
                 asking = (exc.host, int(exc.port))
-            except redis_errors.TryAgainError:
+            except ERRORS.try_again:
                 # The slot is migrating and the call's keys are not all on one
                 # node (a script's keys rarely all exist): try again until the
                 # migration of the slot ends (the caller bounds the time).
                 asking = None
                 redirects = 0
                 await anyio.sleep(_TRY_AGAIN)
-            except UNAVAILABLE:
-                cluster.stale = True  # (a failover: the slot may be served elsewhere now)
+            except ERRORS.unavailable:
+                cluster.unreachable(*address)  # (a failover: the slot may be elsewhere now)
                 raise
-        raise redis_errors.ClusterError(f"more than {_REDIRECTS} redirections for one call")
+            except asyncio.CancelledError:
+                # (A call cut short by its bound may have met a node that hangs:
+                # the bound cancels it, and the caller sees a TimeoutError.)
+                cluster.unreachable(*address)
+                raise
+        message = f"more than {_REDIRECTS} redirections for one call"
+        raise cluster.library.exceptions.ClusterError(message)
 
     def _link_at(self, address: tuple[str, int]) -> Link:
         link = self._links.get(address)
@@ -258,6 +309,16 @@ class Nodes:
             host, port = address
             link = self._links[address] = Link(client, location=f"{host}:{port}")
         return link
+
+    async def _probe_cluster(self, link: Link) -> None:
+        """Ask the server whether it is a cluster node (once); call the cluster if so."""
+        try:
+            info = await link.client.info("cluster")
+        except ERRORS.response:  # (INFO not permitted: a first MOVED reply will tell)
+            info = {}
+        self._probe = False
+        if info.get("cluster_enabled") and self.link is link:
+            self._become_cluster()
 
     def _become_cluster(self) -> None:
         """The server is a cluster node: call the cluster from now on."""

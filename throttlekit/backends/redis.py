@@ -10,13 +10,16 @@ AutoThrottle, rampup, Adaptive, custom controllers)::
 
 Read top-down: this module (the Backend protocol, the fail-open fallback),
 then ``_redis_line`` (this process's waiters), ``_redis_calls`` (the round
-trips), ``_redis_across`` (a request across the slots of a cluster),
+trips; ``_redis_releases`` renews and releases, ``_redis_args`` encodes the
+arguments), ``_redis_across`` (a request across the slots of a cluster),
 ``_redis_scripts`` and ``lua/*.lua`` (the Lua: admission and bookkeeping,
 and the decoders of its replies), ``_redis_state`` (the controllers, run in
 Python on the state kept in Redis), ``_redis_leases`` (what is granted and
 held), ``_redis_nodes`` (which server a call goes to, and Redis's health)
-and ``_redis_link`` (the connections to one server). Runs on asyncio
-(``redis.asyncio``); install it with ``pip install "throttlekit-http[redis]"``.
+and ``_redis_link`` (the connections to one server); ``_redis_clients``
+tells the two client libraries apart. Runs on asyncio, with redis-py
+(``redis.asyncio``, ``pip install "throttlekit-http[redis]"``) or valkey-py
+(``valkey.asyncio``, ``pip install "throttlekit-http[valkey]"``).
 """
 
 from __future__ import annotations
@@ -31,33 +34,39 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 
-try:
-    import redis.asyncio as aioredis
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        'throttlekit.backends.redis needs redis-py: pip install "throttlekit-http[redis]"'
-    ) from exc
-
 from .._checks import check_number
 from .._clock import now as _now
 from .._errors import Overloaded, ThrottleTimeout
 from .._ledger import scope_stalled
 from .._stats import ScopeStatistics
 from ._redis_calls import STATE, RedisBackendStatistics, ScriptCalls
+from ._redis_clients import ERRORS, LIBRARIES, installed, library_of
 from ._redis_leases import Holdings, LocalLease, RedisLease
 from ._redis_line import WaiterLine
-from ._redis_link import UNAVAILABLE, client_location, connect
+from ._redis_link import client_location, connect
 from ._redis_nodes import Nodes, is_cluster
 from ._redis_scripts import decode_state
 from ._redis_state import scope_statistics
 
 if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+    import valkey.asyncio as aiovalkey
+
+    #: The clients a backend takes: redis-py's and valkey-py's, of one server or a cluster.
+    Client = aioredis.Redis | aioredis.RedisCluster | aiovalkey.Valkey | aiovalkey.ValkeyCluster
+
     from .._controller import Feedback
     from .._limiter import Limiter
     from .._policy import ScopePolicy
     from .memory import MemoryBackend
 
 __all__ = ["FailurePolicy", "RedisBackend", "RedisBackendStatistics"]
+
+if not any(map(installed, LIBRARIES)):  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "throttlekit.backends.redis needs redis-py or valkey-py: "
+        'pip install "throttlekit-http[redis]" (or "throttlekit-http[valkey]")'
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +81,7 @@ def _require_asyncio() -> None:
         asyncio.get_running_loop()
     except RuntimeError:
         raise RuntimeError(
-            "RedisBackend runs on asyncio only (it is built on redis.asyncio); "
+            "RedisBackend runs on asyncio only (it is built on redis.asyncio or valkey.asyncio); "
             "use the in-memory limiter on trio"
         ) from None
 
@@ -105,8 +114,10 @@ class RedisBackend:
     (see :doc:`/redis`).
 
     :param client: a ``redis.asyncio.Redis`` client, or a
-        ``redis.asyncio.cluster.RedisCluster`` one (not closed by
-        :meth:`aclose` unless ``owns_client``). :meth:`from_url` builds one.
+        ``redis.asyncio.cluster.RedisCluster`` one, or valkey-py's
+        ``valkey.asyncio.Valkey`` or ``valkey.asyncio.cluster.ValkeyCluster``
+        (not closed by :meth:`aclose` unless ``owns_client``). :meth:`from_url`
+        builds one.
     :param prefix: the namespace of the keys: processes with the same prefix share
         budgets. No ``{`` or ``}``.
     :param lease_time: seconds a grant stays held without a release or
@@ -118,7 +129,8 @@ class RedisBackend:
         most every ``reconnect_interval``); ``"fail_closed"`` raises
         :class:`~throttlekit.BackendUnavailable`.
     :param reserve_ahead: seconds ahead of its send time a grant may be
-        reserved (never a whole delay); ``0`` grants only at the current instant.
+        reserved (at a fast pace, several delays ahead); ``0`` grants only at
+        the current instant.
     :param state_ttl: seconds a scope's learned state survives in Redis without
         any traffic (up to an eighth more). Live state (blocks, leases, quota
         windows) always lives as long as it matters.
@@ -153,7 +165,7 @@ class RedisBackend:
 
     def __init__(
         self,
-        client: aioredis.Redis | aioredis.RedisCluster,
+        client: Client,
         *,
         prefix: str = "throttlekit",
         lease_time: float = 60.0,
@@ -180,8 +192,9 @@ class RedisBackend:
         ):
             raise TypeError(
                 "client must be a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster "
-                f"client, got {type(client)!r}"
+                f"client (or valkey-py's Valkey or ValkeyCluster), got {type(client)!r}"
             )
+        library_of(client)  # (its error classes recognised from now on)
         if colocate is not None and not callable(colocate):
             raise TypeError(f"colocate must be a callable (scope -> group), got {colocate!r}")
         self.prefix = prefix
@@ -243,9 +256,11 @@ class RedisBackend:
         seed: int | None = None,
         colocate: Callable[[str], str] | None = None,
         cluster: bool | None = None,
+        client_library: Literal["redis", "valkey"] | None = None,
         **client_options: Any,
     ) -> RedisBackend:
-        """Connect to ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``).
+        """Connect to ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``; ``valkey://``,
+        ``valkeys://``).
 
         Credentials go in the URL (``redis://user:password@host:6379/0``) or in
         ``client_options`` (``password=...``); they never appear in reprs, logs
@@ -261,10 +276,19 @@ class RedisBackend:
         ``cluster``: ``True`` makes a Redis Cluster client
         (``RedisCluster.from_url``), ``False`` a client of one server, and
         ``None`` (the default) a client of one server that becomes a cluster
-        client of the same URL when the server answers as a cluster node
-        (``MOVED``, ``ASK`` or ``TRYAGAIN``).
+        client of the same URL when the server is a cluster node (asked once,
+        with ``INFO cluster``, before the first call; or its first ``MOVED``,
+        ``ASK`` or ``TRYAGAIN`` reply where ``INFO`` is not permitted).
+
+        ``client_library``: ``"redis"`` makes the client with redis-py,
+        ``"valkey"`` with valkey-py (Valkey's fork of redis-py); ``None`` (the
+        default) picks by the URL: valkey-py for ``valkey://`` and
+        ``valkeys://``, redis-py for the others (or valkey-py when redis-py is
+        not installed). Both talk to Redis and to Valkey servers alike.
         """
-        client, location, to_cluster = connect(url, command_timeout, client_options, cluster)
+        client, location, to_cluster = connect(
+            url, command_timeout, client_options, cluster, client_library
+        )
         return cls(
             client,
             prefix=prefix,
@@ -295,8 +319,9 @@ class RedisBackend:
         return self._location
 
     @property
-    def client(self) -> aioredis.Redis | aioredis.RedisCluster:
-        """The ``redis.asyncio`` client given (or made by :meth:`from_url`)."""
+    def client(self) -> Client:
+        """The ``redis.asyncio`` (or ``valkey.asyncio``) client given (or made by
+        :meth:`from_url`)."""
         return self._client
 
     def statistics(self) -> RedisBackendStatistics:
@@ -389,12 +414,14 @@ class RedisBackend:
             return
         lease.released = True
         calls = self._calls
-        if lease.feedback is None and calls.post_release(lease, lease.consumed):
+        if lease.feedback is None and calls.releases.post(lease, lease.consumed):
             self._let_go(lease)  # (sent without waiting: nothing to shield)
             return
         try:
             with anyio.CancelScope(shield=True):
-                if not await calls.release(lease, lease.feedback, lease.consumed, used=True):
+                if not await calls.releases.release(
+                    lease, lease.feedback, lease.consumed, used=True
+                ):
                     calls.orphans.append(lease)  # (its feedback is lost)
         finally:
             self._let_go(lease)
@@ -436,8 +463,8 @@ class RedisBackend:
         seconds = self.lease_time if lease_time is None else lease_time
         seconds = check_number("lease_time", seconds, minimum=0.0, strict=True)
         try:
-            return await self._calls.renew(lease, seconds)
-        except UNAVAILABLE as exc:
+            return await self._calls.releases.renew(lease, seconds)
+        except ERRORS.unavailable as exc:
             self._link.unavailable(exc, _now())
             return False
 
@@ -513,7 +540,7 @@ class RedisBackend:
             attempt = partial(self._attempt, local, costs, policies, priority, deadline, gated)
             try:
                 lease = await line.wait_for_grant(costs, priority, attempt, deadline)
-            except UNAVAILABLE as exc:
+            except ERRORS.unavailable as exc:
                 if isinstance(exc, ThrottleTimeout):
                     raise
                 self._holdings.outage()
@@ -609,7 +636,7 @@ class RedisBackend:
         """Give back a grant that was never used (its quota too)."""
         lease.released = True
         try:
-            if not await self._calls.release(lease, None, None, used=False, quiet=True):
+            if not await self._calls.releases.release(lease, None, None, used=False, quiet=True):
                 self._calls.orphans.append(lease)
         finally:
             self._let_go(lease)

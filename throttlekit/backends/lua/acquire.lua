@@ -118,9 +118,11 @@ for i = 1, n do
   scopes[i] = s
 end
 
--- A send may be reserved up to `reserve` ms ahead, but less than one delay, so
--- that at most one reserved lease per scope holds a slot before its send.
-if pacing > 0 then reserve = math.min(reserve, 0.9 * pacing) end
+-- A send may be reserved up to `reserve` ms ahead, several delays ahead at a
+-- fast pace: a worker that wakes late for its turn still sends at the time
+-- reserved for it, and no send time goes unused. A reserved lease holds a
+-- concurrency slot until its send, which costs the scope no send: none can go
+-- before the reserved ones (the delay); at most `reserve` / delay of them wait.
 if exact ~= nil then reserve = exact - now end
 if ready - now > reserve then
   -- Not yet. Hand out turns one delay apart, so that the workers waiting on

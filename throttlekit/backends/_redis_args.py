@@ -1,0 +1,169 @@
+"""What the Redis backend's scripts are called with: the scripts, the scopes' keys, their arguments.
+
+Shared by the acquire side (:mod:`._redis_calls`) and the release side
+(:mod:`._redis_releases`): the :class:`~._redis_link.Script` objects, the
+arguments encoded once (:func:`~._redis_link.bulk`) and kept, and
+:class:`CallArgs`, the per-backend caches of each scope's keys and each
+policy's arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from . import _redis_scripts as scripts
+from ._redis_line import RELEASE_RECHECK
+from ._redis_link import Script, bulk
+from ._redis_state import PolicyArgs
+
+if TYPE_CHECKING:
+    from .._policy import ScopePolicy
+
+__all__ = [
+    "ACQUIRE",
+    "AS_DECLARED",
+    "INF",
+    "NOT_WANTED",
+    "NO_POLICY",
+    "NO_WRITE",
+    "ONE",
+    "PLAIN_RELEASE",
+    "RELEASE",
+    "RENEW",
+    "STATE",
+    "SUFFIXES",
+    "SYNC",
+    "UNUSED",
+    "USED",
+    "WANTED",
+    "WRITE_TRIES",
+    "ZERO",
+    "CallArgs",
+    "ms",
+]
+
+INF: Final = math.inf
+#: The keys of a scope, by suffix: leases, state, slots, quota log, quota costs, waiters.
+SUFFIXES: Final = ("L", "S", "T", "Q", "C", "W")
+#: Tries of a version-checked write before the feedback is dropped (a busy scope).
+WRITE_TRIES: Final = 8
+
+ZERO: Final = b"0"
+ONE: Final = bulk(b"1.0")
+USED: Final = bulk(b"1")
+UNUSED: Final = bulk(b"0")
+NOT_WANTED: Final = bulk(b"0")
+WANTED: Final = bulk(b"1")
+AS_DECLARED: Final = bulk(b"-1")
+NO_WRITE: Final = bulk(b"") * 4
+NO_POLICY: Final = bulk(b"")
+
+ACQUIRE = Script(scripts.ACQUIRE)
+SYNC = Script(scripts.SYNC)
+RELEASE = Script(scripts.RELEASE)
+PLAIN_RELEASE = Script(scripts.PLAIN_RELEASE)
+RENEW = Script(scripts.RENEW)
+STATE = Script(scripts.STATE)
+
+#: Policies and scopes whose arguments are kept at most (then cleared).
+_CACHED: Final = 4096
+
+
+def ms(seconds: float) -> bytes:
+    """Seconds as the milliseconds the scripts read."""
+    return repr(seconds * 1000.0).encode()
+
+
+class CallArgs:
+    """The arguments of one backend's script calls that are encoded once and kept.
+
+    ``colocate`` maps a scope to the group whose hash tag its keys carry
+    (None: the scope's own), so that a Redis Cluster keeps a group's scopes
+    in one slot.
+    """
+
+    __slots__ = (
+        "_keys",
+        "_policies",
+        "_reserve_ahead",
+        "_settings_parts",
+        "channel",
+        "channel_arg",
+        "colocate",
+        "prefix",
+        "release_base",
+        "settings",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        *,
+        prefix: str,
+        colocate: Callable[[str], str] | None,
+        lease_time: float,
+        reserve_ahead: float,
+        state_ttl: float,
+    ) -> None:
+        self.prefix = prefix
+        self.colocate = colocate
+        #: The release channel (pub/sub).
+        self.channel = f"{prefix}:released".encode()
+        self.channel_arg = bulk(self.channel)
+        #: The acquire's four settings.
+        self._settings_parts = [
+            bulk(ms(value)) for value in (lease_time, reserve_ahead, state_ttl, RELEASE_RECHECK)
+        ]
+        self.settings = b"".join(self._settings_parts)
+        self._reserve_ahead = reserve_ahead
+        self.ttl = ms(state_ttl)
+        #: The release's arguments before the scopes' (after its clock, lease id, send time).
+        self.release_base = self.channel_arg + bulk(self.ttl)
+        self._policies: dict[int, PolicyArgs] = {}
+        #: Per scope: its keys, them encoded, its name encoded.
+        self._keys: dict[str, tuple[list[bytes], bytes, bytes]] = {}
+
+    def __repr__(self) -> str:
+        return f"<CallArgs {self.prefix!r} scopes={len(self._keys)}>"
+
+    def settings_within(self, seconds: float) -> bytes:
+        """The acquire's settings for a caller who can wait ``seconds`` more at most.
+
+        A grant is then reserved no further ahead than that: its send must
+        come before the caller's timeout.
+        """
+        if seconds >= self._reserve_ahead:
+            return self.settings
+        parts = list(self._settings_parts)
+        parts[1] = bulk(ms(max(0.0, seconds)))
+        return b"".join(parts)
+
+    def policy(self, policy: ScopePolicy) -> PolicyArgs:
+        """``policy`` as the scripts read it (cached per policy object)."""
+        cached = self._policies.get(id(policy))
+        if cached is not None and cached.policy is policy:
+            return cached
+        if len(self._policies) > _CACHED:
+            self._policies.clear()
+        args = self._policies[id(policy)] = PolicyArgs.of(policy)
+        return args
+
+    def scope(self, scope: str) -> tuple[list[bytes], bytes, bytes]:
+        """The keys of ``scope``, them and its name encoded for a command (cached)."""
+        cached = self._keys.get(scope)
+        if cached is None:
+            if len(self._keys) > _CACHED:
+                self._keys.clear()
+            if self.colocate is None:
+                tag = ("{" + self.prefix + ":" + scope + "}:").encode()
+            else:
+                group = self.colocate(scope)
+                if not isinstance(group, str):
+                    raise TypeError(f"colocate({scope!r}) must return a str, got {group!r}")
+                tag = ("{" + self.prefix + ":" + group + "}:" + scope + ":").encode()
+            keys = [tag + suffix.encode() for suffix in SUFFIXES]
+            encoded = b"".join(map(bulk, keys))
+            cached = self._keys[scope] = (keys, encoded, bulk(scope.encode()))
+        return cached

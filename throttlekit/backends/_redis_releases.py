@@ -1,0 +1,373 @@
+"""The Redis backend's leases after their grant: renewed, and handed back with their feedback.
+
+A release is one ``RELEASE`` call, preceded by one that reads the
+controllers' state when its feedback needs them and the grant did not bring
+it (:mod:`._redis_state` runs them), or, without feedback and in scopes
+without slot delay or quota, a ``PLAIN_RELEASE`` (the lease sets only). A
+release whose reply nobody needs now is posted without waiting for it; a
+release that failed, and a grant whose acquire reply was lost, are handed
+back as soon as Redis answers again (the orphans).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from .._clock import now as _now
+from . import _redis_scripts as scripts
+from ._redis_args import (
+    AS_DECLARED,
+    INF,
+    NO_POLICY,
+    NO_WRITE,
+    NOT_WANTED,
+    PLAIN_RELEASE,
+    RELEASE,
+    RENEW,
+    SUFFIXES,
+    UNUSED,
+    USED,
+    WRITE_TRIES,
+    ms,
+)
+from ._redis_clients import ERRORS
+from ._redis_leases import RedisLease
+from ._redis_link import Settle, bulk, bulk_of, describe_failure
+from ._redis_state import PolicyArgs, feedback_write, parse_states
+
+if TYPE_CHECKING:
+    from .._controller import Feedback
+    from ._redis_calls import ScriptCalls
+
+__all__ = ["Releases"]
+
+logger = logging.getLogger("throttlekit.backends.redis")
+
+#: What :meth:`Releases._send` returns when the feedback was dropped.
+_DROPPED: Final = object()
+
+#: A release waits for its reply when its lease may lapse within this many
+#: seconds (plus a tenth of ``lease_time``): the reply then says whether it had.
+_SURE: Final = 1.0
+
+
+class _Pending:
+    """One release being prepared: each scope's arguments, the controllers' writes."""
+
+    __slots__ = ("feedback_at", "fixed", "wanted", "writes")
+
+    def __init__(self) -> None:
+        self.fixed: list[bytes] = []  # per scope: its arguments but the write
+        self.writes: dict[int, bytes] = {}  # per scope index: the controllers' write
+        self.wanted = False  # whether the feedback goes to some scope's controllers
+        self.feedback_at: float | None = None  # the feedback's time, on Redis's clock
+
+
+class Releases:
+    """The renewals and releases of one backend, called through its
+    :class:`~._redis_calls.ScriptCalls`."""
+
+    __slots__ = ("args", "calls", "count")
+
+    def __init__(self, calls: ScriptCalls) -> None:
+        self.calls = calls
+        self.args = calls.encoded
+        self.count = 0  # release calls (round trips)
+
+    def __repr__(self) -> str:
+        return f"<Releases calls={self.count}>"
+
+    async def renew(self, lease: RedisLease, seconds: float) -> bool:
+        """Extend ``lease`` to ``seconds`` from now; whether every scope still held it."""
+        if lease.parts is not None:
+            renewed = [await self.renew(part, seconds) for part in lease.parts]
+            lease.expires = min(part.expires for part in lease.parts)
+            return all(renewed)
+        keys = lease.keys[0 : -1 : len(SUFFIXES)]
+        started = _now()
+        args = [self.calls.now_arg(), lease.id, ms(seconds)]
+        count = await self.calls.call(RENEW, keys, args, INF)
+        if int(count) != len(keys):
+            return False
+        lease.expires = max(lease.expires, started + seconds)
+        return True
+
+    async def hand_back_orphans(self, deadline: float, *, quiet: bool = False) -> None:
+        """Hand back grants whose acquire reply was lost, and releases that failed.
+
+        :raises TimeoutError: if Redis is still away (unless ``quiet``).
+        """
+        orphans = self.calls.orphans
+        while orphans:
+            lease = orphans.pop(0)
+            used = lease.granted_at > -INF  # (a sent request keeps its quota)
+            if not await self.release(lease, None, None, used=used, quiet=True, deadline=deadline):
+                orphans.append(lease)
+                if quiet:
+                    return
+                raise TimeoutError("Redis did not take back an abandoned grant")
+
+    def _head(self, lease: RedisLease, used: bool) -> list[bytes]:
+        """A release's arguments before the scopes': its keys, clock, lease id, send time, used."""
+        return [
+            lease.encoded_keys,
+            bulk(self.calls.now_arg()),
+            bulk(lease.id),
+            bulk_of(lease.send_at_ms),
+            USED if used else UNUSED,
+            self.args.release_base,
+        ]
+
+    def _scope(
+        self,
+        scope: str,
+        policy_args: PolicyArgs,
+        want: bytes,
+        consumed: Mapping[str, float] | None,
+    ) -> bytes:
+        """A scope's arguments of a release but the controllers' write."""
+        amount = AS_DECLARED
+        if consumed is not None and scope in consumed:
+            amount = bulk_of(max(0.0, float(consumed[scope])))
+        policy = policy_args.encoded
+        if want is NOT_WANTED and not policy_args.booked:
+            policy = NO_POLICY  # (the script has nothing to read it for)
+        return self.args.scope(scope)[2] + amount + want + policy
+
+    def _lapses_soon(self, lease: RedisLease, now: float) -> bool:
+        """Whether ``lease`` may lapse soon: its release then waits for the reply."""
+        return now >= lease.expires - _SURE - 0.1 * self.calls.lease_time
+
+    def post(self, lease: RedisLease, consumed: Mapping[str, float] | None) -> bool:
+        """Release a sent request without feedback, without waiting; whether it was sent.
+
+        Its reply can only say that it was released, unless its lease may
+        lapse soon (then this returns ``False``, as when no kept connection
+        can carry it without waiting: :meth:`release` it). The reply is read
+        by the next call on the connection (:meth:`_settled`); had Redis not
+        run it, the lease is handed back by the next acquire, or lapses after
+        ``lease_time``.
+        """
+        if lease.parts is not None or self._lapses_soon(lease, _now()):
+            return False
+        script, command = PLAIN_RELEASE, self._plain(lease)
+        if command is None:
+            script = RELEASE
+            parts = self._head(lease, True)
+            for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
+                parts += (self._scope(scope, policy_args, NOT_WANTED, consumed), NO_WRITE)
+            # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
+            command = RELEASE.frame(1 + len(lease.keys) + 6 + 8 * len(lease.scopes), parts)
+        if not self.calls.link.post(script, command, lease.keys[0], partial(self._settled, lease)):
+            return False
+        self.count += 1
+        return True
+
+    def _plain(self, lease: RedisLease) -> bytes | None:
+        """The :data:`PLAIN_RELEASE` of a sent ``lease`` without feedback, if it applies.
+
+        It does when no scope has a slot delay or quota (whose books a release
+        keeps); ``None`` otherwise.
+        """
+        names = []
+        for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
+            if policy_args.booked:
+                return None
+            names.append(self.args.scope(scope)[2])
+        # (number of keys, keys, clock, lease id, channel, a name per scope)
+        count = 1 + len(lease.keys) + 3 + len(names)
+        head = [lease.encoded_keys, bulk(self.calls.now_arg()), bulk(lease.id)]
+        return PLAIN_RELEASE.frame(count, [*head, self.args.channel_arg, *names])
+
+    async def release(
+        self,
+        lease: RedisLease,
+        feedback: Feedback | None,
+        consumed: Mapping[str, float] | None,
+        *,
+        used: bool,
+        quiet: bool = False,
+        deadline: float = INF,
+    ) -> bool:
+        """The release round trip(s), with the controllers' feedback; whether Redis answered.
+
+        A release whose reply nobody needs now (no feedback for the
+        controllers, and its lease far from lapsing, so that the reply can
+        only say it was released) does not wait for it: it is sent on a kept
+        connection whose next call reads it (:meth:`_settled`). Had Redis not
+        run it, the lease is handed back by the next acquire, or lapses after
+        ``lease_time``.
+        """
+        now = _now()
+        deadline = min(deadline, now + self.calls.release_timeout)
+        if lease.parts is not None:  # (a grant across slots: each part on its node)
+            released = True
+            for part in lease.parts:
+                if not await self.release(
+                    part, feedback, consumed, used=used, quiet=quiet, deadline=deadline
+                ):
+                    released = False
+            return released
+        if feedback is not None:
+            feedback = attrs.evolve(feedback, sent_at=lease.send_at_ms / 1000.0)
+        pending = self._prepare(lease, feedback, consumed, used)
+        later: Settle | None = None
+        if not quiet and not pending.wanted and not self._lapses_soon(lease, now):
+            later = partial(self._settled, lease)
+        try:
+            released = await self._send(lease, pending, feedback, used, deadline, later)
+            if released is _DROPPED:  # (the lease is still held: hand it back without it)
+                released = await self._without_feedback(lease, used, consumed, deadline, later)
+        except ERRORS.unavailable as exc:
+            if not quiet:
+                self._not_released(exc)
+            return False
+        if released is not None and used and not quiet:
+            # (A lease handed back again may well be gone: no news.)
+            self._check_found(list(lease.scopes), released)
+        return True
+
+    def _prepare(
+        self,
+        lease: RedisLease,
+        feedback: Feedback | None,
+        consumed: Mapping[str, float] | None,
+        used: bool,
+    ) -> _Pending:
+        """Each scope's arguments, and the controllers' writes where the grant brought
+        their state (run on ``feedback`` now: the write stands if it still is the state)."""
+        pending = _Pending()
+        only = None if feedback is None else feedback.scopes
+        for index, (scope, policy_args) in enumerate(
+            zip(lease.scopes, lease.policies, strict=True)
+        ):
+            want = NOT_WANTED
+            if used and feedback is not None and (only is None or scope in only):
+                want = bulk_of(str(policy_args.wants(feedback)))
+                pending.wanted = True
+                stored = lease.stored.get(index) if lease.stored else None
+                if stored is not None:
+                    if pending.feedback_at is None:
+                        pending.feedback_at = self._redis_now(lease)
+                    at = pending.feedback_at
+                    write = feedback_write(scope, policy_args, stored, feedback, at)
+                    writes = (*write, b"%d" % stored.in_flight)
+                    pending.writes[index] = b"".join(map(bulk_of, writes))
+            pending.fixed.append(self._scope(scope, policy_args, want, consumed))
+        return pending
+
+    async def _send(
+        self,
+        lease: RedisLease,
+        pending: _Pending,
+        feedback: Feedback | None,
+        used: bool,
+        deadline: float,
+        later: Settle | None,
+    ) -> Any:
+        """Send the release until the controllers' writes stand (or the tries run out).
+
+        Returns what it released (:class:`~._redis_scripts.Released`), None
+        when it was sent without waiting, or :data:`_DROPPED` when the
+        feedback met a newer state on every try (nothing released yet).
+        """
+        names = list(lease.scopes)
+        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
+        count = 1 + len(lease.keys) + 6 + 8 * len(names)
+        plain = self._plain(lease) if used and not pending.wanted else None
+        head = self._head(lease, used)
+        for _ in range(WRITE_TRIES):
+            script, command = PLAIN_RELEASE, plain
+            if command is None:
+                args = list(head)
+                for index, values in enumerate(pending.fixed):
+                    args += (values, pending.writes.get(index, NO_WRITE))
+                script, command = RELEASE, RELEASE.frame(count, args)
+            self.count += 1
+            reply = await self.calls.send(script, command, lease.keys[0], deadline, later)
+            if reply is None:
+                return None  # sent; its reply is read by the next call
+            decoded = scripts.decode_release(reply)
+            if type(decoded) is scripts.Released:
+                return decoded
+            assert type(decoded) is scripts.Stale
+            if pending.feedback_at is None:
+                pending.feedback_at = decoded.now_ms / 1000.0  # the first reading
+            assert feedback is not None
+            for stored in parse_states(decoded.states):
+                index = stored.index
+                policy_args = lease.policies[index]
+                at = pending.feedback_at
+                write = feedback_write(names[index], policy_args, stored, feedback, at)
+                pending.writes[index] = b"".join(map(bulk_of, (*write, b"")))
+        logger.warning(
+            "scopes %s changed under %d tries to store feedback; it was dropped",
+            names,
+            WRITE_TRIES,
+        )
+        return _DROPPED
+
+    async def _without_feedback(
+        self,
+        lease: RedisLease,
+        used: bool,
+        consumed: Mapping[str, float] | None,
+        deadline: float,
+        later: Settle | None,
+    ) -> Any:
+        """Release ``lease`` without feedback (what it released, or None: see :meth:`_send`)."""
+        args = self._head(lease, used)
+        for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
+            args += (self._scope(scope, policy_args, NOT_WANTED, consumed), NO_WRITE)
+        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
+        command = RELEASE.frame(1 + len(lease.keys) + 6 + 8 * len(lease.scopes), args)
+        self.count += 1
+        reply = await self.calls.send(RELEASE, command, lease.keys[0], deadline, later)
+        if reply is None:
+            return None
+        released = scripts.decode_release(reply)
+        return released if type(released) is scripts.Released else None
+
+    def _redis_now(self, lease: RedisLease) -> float:
+        """Redis's clock now (seconds), as well as this process can tell: not later."""
+        clock = self.calls.clock
+        if clock is not None:
+            return clock()
+        return max(_now() + self.calls.offset, lease.send_at_ms / 1000.0)
+
+    def _settled(self, lease: RedisLease, reply: Any) -> None:
+        """The reply of a release sent without waiting, read by a later call."""
+        if type(reply) is bytes:  # released
+            self._check_found(list(lease.scopes), scripts.decode_released(reply))
+            return
+        # Whether Redis ran it is unknown (or it did not: an error reply):
+        # hand the lease back with the next acquire.
+        if isinstance(reply, ERRORS.unavailable):
+            self._not_released(reply)
+        else:
+            logger.debug("a release sent without waiting got %r", reply)
+        self.calls.orphans.append(lease)
+
+    def _not_released(self, exc: BaseException) -> None:
+        logger.warning(
+            "could not release a lease on Redis at %s (%s); it is handed back when "
+            "Redis answers again, or expires in %g s",
+            self.calls.link.location,
+            describe_failure(exc),
+            self.calls.lease_time,
+        )
+
+    def _check_found(self, names: list[str], released: Any) -> None:
+        """Warn if a released lease had lapsed in some of its scopes."""
+        if released.found < len(names):
+            logger.warning(
+                "a lease on %s had expired before its release (held longer than "
+                "lease_time=%g s, or Redis lost it): raise lease_time or use keep_alive()",
+                sorted(names),
+                self.calls.lease_time,
+            )
