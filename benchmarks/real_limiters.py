@@ -446,38 +446,28 @@ def _run_full(
     """Each limiter with the clients at once, one after the other; the long ones alongside."""
     long = [limiter for limiter in limiters if limiter.seconds > RUN_SECONDS]
     everything: list[_Started] = []
-    try:
-        background = [
+
+    def start(limiter: RealLimiter) -> list[_Started]:
+        group = [
             one
-            for lim in long
             for n, c in enumerate(clients)
             for one in _start_client(
                 c,
-                [instances[lim.name, c.name]],
-                lim.seconds,
-                workdir / f"{lim.slug}-{n}",
+                [instances[limiter.name, c.name]],
+                limiter.seconds,
+                workdir / f"{limiter.slug}-{n}",
                 redis_url,
             )
         ]
-        everything += background
-        _release(background)
+        everything.extend(group)
+        _release(group)
+        return group
+
+    try:
+        background = [one for limiter in long for one in start(limiter)]
         for limiter in limiters:
-            if limiter in long:
-                continue
-            group = [
-                one
-                for n, c in enumerate(clients)
-                for one in _start_client(
-                    c,
-                    [instances[limiter.name, c.name]],
-                    limiter.seconds,
-                    workdir / f"{limiter.slug}-{n}",
-                    redis_url,
-                )
-            ]
-            everything += group
-            _release(group)
-            _wait_clients(group, limiter.seconds)
+            if limiter not in long:
+                _wait_clients(start(limiter), limiter.seconds)
         _wait_clients(background, LONG_RUN_SECONDS)
     finally:
         _stop(everything)

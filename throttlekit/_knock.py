@@ -63,25 +63,40 @@ class Knock:
     ``good`` is the largest lead accepted, ``bad`` the smallest refused,
     ``step`` how far above ``good`` the next knock goes (0: not begun),
     ``lead`` the lead of the knock under way, sent at or after ``at``;
-    ``answers`` counts the scope's answers, ``refused`` its refused knocks.
+    ``answers`` counts the scope's answers, ``refused`` its refused knocks;
+    ``opened`` is when the quota was last seen back after it was spent
+    (``spent`` 1 since it was spent, 0 once back).
     """
 
-    __slots__ = ("answers", "at", "bad", "good", "lead", "refused", "step")
+    __slots__ = ("answers", "at", "bad", "good", "lead", "opened", "refused", "spent", "step")
 
     def __init__(self, state: list[float] | None = None) -> None:
-        self.good, self.bad, self.step, self.lead, self.at, self.answers, self.refused = state or (
-            0.0,
-            INF,
-            0.0,
-            0.0,
-            INF,
-            0.0,
-            0.0,
-        )
+        fresh = (0.0, INF, 0.0, 0.0, INF, 0.0, 0.0, INF, 1.0)  # opened: not seen yet
+        (
+            self.good,
+            self.bad,
+            self.step,
+            self.lead,
+            self.at,
+            self.answers,
+            self.refused,
+            self.opened,
+            self.spent,
+        ) = state or fresh
 
     def state(self) -> list[float]:
         """The knock's state as plain data (a scope's state shares through Redis)."""
-        return [self.good, self.bad, self.step, self.lead, self.at, self.answers, self.refused]
+        return [
+            self.good,
+            self.bad,
+            self.step,
+            self.lead,
+            self.at,
+            self.answers,
+            self.refused,
+            self.opened,
+            self.spent,
+        ]
 
     def wait(self, info: RateLimitInfo, now: float) -> float | None:
         """The wait the answer asks for: its :meth:`~RateLimitInfo.wait`, less a lead learned.
@@ -89,15 +104,23 @@ class Knock:
         Only a spent quota whose de-facto reset is at most
         :data:`KNOCK_WITHIN` seconds away is knocked on early; a refusal's
         own ``Retry-After`` is always waited in full, and after a refusal
-        the knock keeps to a lead already accepted.
+        the knock keeps to a lead already accepted. A lead not yet accepted
+        is tried only where the wait is longer than the quota took to spend
+        since it was last back: there the reset, not the sending, sets the
+        pace, and a late one costs much of it (a scope paced over its window
+        meets a spent quota just before its reset, and would win little).
         """
         reset = info.reset
+        if info.remaining is not None and info.remaining > 0 and self.spent:
+            self.opened, self.spent = now, 0.0
         if not self.applies(info):
             return info.wait()
         assert reset is not None
+        self.spent = 1.0
         top = min(self.bad, reset)
         if (
             info.retry_after is not None
+            or reset <= now - self.opened
             or top - self.good <= reset * KNOCK_RESOLUTION
             or self.refused + 1.0 > KNOCK_FREE_REFUSALS + self.answers * KNOCK_REFUSALS
         ):

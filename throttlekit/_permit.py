@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from ._lane import FastLane
     from .scopes import ScopesLike
 
-__all__ = ["Permit"]
+__all__ = ["Permit", "held_permits"]
 
 
-def _held_permits(lane: FastLane) -> dict[object, Permit]:
+def held_permits(lane: FastLane) -> dict[object, Permit]:
     """The innermost permit each task holds in ``with`` blocks of the lane's limiter.
 
     The lane keeps them in ``lane.holds``: ``None`` while none is held,
@@ -220,7 +220,7 @@ class Permit:
 
     def _hold(self, task: object) -> None:
         """Held by ``task`` in ``async with``: its acquires on this limiter nest in it."""
-        held = _held_permits(self._lane)
+        held = held_permits(self._lane)
         self._outer = held.get(task)
         self._task = task
         held[task] = self
@@ -229,12 +229,12 @@ class Permit:
         """The ``async with`` block is left: acquires of its task no longer nest in it."""
         task = self._task
         self._task = None
-        self._unheld(task, _held_permits(self._lane).pop(task, None))
+        self._unheld(task, held_permits(self._lane).pop(task, None))
 
     def _unheld(self, task: object, top: Permit | None) -> None:
         """The rest of :meth:`_unhold` once ``top``, the task's innermost hold, is popped."""
         lane = self._lane
-        held = _held_permits(lane)
+        held = held_permits(lane)
         if top is self:
             outer = self._outer
             while outer is not None and outer._task is None:

@@ -25,7 +25,7 @@ from .._controller import Feedback
 from .._errors import Overloaded, ThrottleTimeout
 from .._lane import FastLane
 from .._ledger import ScopeLedger
-from .._permit import Permit, _held_permits
+from .._permit import Permit, held_permits
 from .._policy import ScopePolicy
 from .._scheduler import CANCELLED, GRANTED, RELEASED, WAITING, Scheduler, Ticket
 from .._stats import LimiterStatistics, ScopeStatistics
@@ -109,7 +109,7 @@ class MemoryPermit(Permit):
                     if holds is None:
                         lane.holds = self
                     else:
-                        _held_permits(lane)[task] = self
+                        held_permits(lane)[task] = self
                 return self
         await super().__aenter__()
         self._remember()
@@ -173,7 +173,7 @@ class MemoryPermit(Permit):
             if lane.holds is self:  # held alone: nothing nested in it
                 lane.holds = None
             else:
-                held = _held_permits(lane)
+                held = held_permits(lane)
                 top = held.pop(task, None)
                 if top is not self or self._outer is not None:
                     self._unheld(task, top)
