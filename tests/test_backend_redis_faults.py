@@ -228,7 +228,9 @@ async def test_timeout_holds_while_redis_hangs(
                 except BackendUnavailable as exc:
                     messages.append(str(exc))
             bound = backend.command_timeout if timeout is None else timeout
-            assert time.monotonic() - started <= bound + 0.5, timeout
+            # A quarter second less than the 1 s command timeout a call that
+            # ignored its own would wait (a loaded CI machine took 0.62 s at 0).
+            assert time.monotonic() - started <= bound + 0.75, timeout
     finally:
         own_library_server.resume()
     if failure == "fail_closed":
