@@ -68,35 +68,28 @@ class Knock:
     (``spent`` 1 since it was spent, 0 once back).
     """
 
-    __slots__ = ("answers", "at", "bad", "good", "lead", "opened", "refused", "spent", "step")
+    #: The fields in the order of the plain state, and their values before any answer.
+    FIELDS = ("good", "bad", "step", "lead", "at", "answers", "refused", "opened", "spent")
+    FRESH = (0.0, INF, 0.0, 0.0, INF, 0.0, 0.0, INF, 1.0)  # opened: not seen yet
+
+    __slots__ = FIELDS
+    good: float
+    bad: float
+    step: float
+    lead: float
+    at: float
+    answers: float
+    refused: float
+    opened: float
+    spent: float
 
     def __init__(self, state: list[float] | None = None) -> None:
-        fresh = (0.0, INF, 0.0, 0.0, INF, 0.0, 0.0, INF, 1.0)  # opened: not seen yet
-        (
-            self.good,
-            self.bad,
-            self.step,
-            self.lead,
-            self.at,
-            self.answers,
-            self.refused,
-            self.opened,
-            self.spent,
-        ) = state or fresh
+        for name, value in zip(self.FIELDS, state or self.FRESH, strict=True):
+            setattr(self, name, value)
 
     def state(self) -> list[float]:
         """The knock's state as plain data (a scope's state shares through Redis)."""
-        return [
-            self.good,
-            self.bad,
-            self.step,
-            self.lead,
-            self.at,
-            self.answers,
-            self.refused,
-            self.opened,
-            self.spent,
-        ]
+        return [getattr(self, name) for name in self.FIELDS]
 
     def wait(self, info: RateLimitInfo, now: float) -> float | None:
         """The wait the answer asks for: its :meth:`~RateLimitInfo.wait`, less a lead learned.
