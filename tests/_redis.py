@@ -336,9 +336,7 @@ def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCl
 @pytest.fixture
 def library_cluster(client_library: str, request: pytest.FixtureRequest) -> RedisClusterServers:
     """The cluster for a test of ``client_library`` (see :func:`server_binary`)."""
-    valkey = client_library == "valkey" and VALKEY_SERVER is not None
-    name = "valkey_cluster" if valkey else "redis_cluster"
-    cluster: RedisClusterServers = request.getfixturevalue(name)
+    cluster: RedisClusterServers = _of_library(client_library, "cluster", request)
     return cluster
 
 
@@ -354,10 +352,14 @@ def valkey_server() -> Iterator[RedisServer]:
 @pytest.fixture
 def library_server(client_library: str, request: pytest.FixtureRequest) -> RedisServer:
     """The shared server for a test of ``client_library`` (see :func:`server_binary`)."""
-    valkey = client_library == "valkey" and VALKEY_SERVER is not None
-    name = "valkey_server" if valkey else "redis_server"
-    server: RedisServer = request.getfixturevalue(name)
+    server: RedisServer = _of_library(client_library, "server", request)
     return server
+
+
+def _of_library(client_library: str, kind: str, request: pytest.FixtureRequest) -> Any:
+    """The ``valkey_`` fixture of ``kind`` (see :func:`server_binary`), else the ``redis_`` one."""
+    valkey = client_library == "valkey" and VALKEY_SERVER is not None
+    return request.getfixturevalue(f"{'valkey' if valkey else 'redis'}_{kind}")
 
 
 @pytest.fixture
