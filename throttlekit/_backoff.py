@@ -12,7 +12,7 @@ import attrs
 
 from ._checks import below_one, check_number, normalize_jitter, positive
 from ._controller import OUTCOMES, SlotState, remember_outcome
-from ._knock import Knock
+from ._knock import KNOCK_WITHIN, Knock
 
 if TYPE_CHECKING:
     from ._controller import Feedback, ScopeView
@@ -99,8 +99,9 @@ def resolve_exception(spec: str | type[BaseException]) -> type[BaseException] | 
 
 
 #: Below this many seconds, a reset (often whole seconds, rounded up) is too
-#: coarse to pace by: a reset of "1" may mean 0.1 s.
-MIN_PACE_RESET = 5.0
+#: coarse to pace by: a reset of "1" may mean 0.1 s. Below it, a framework's
+#: late reset is knocked on instead (:data:`throttlekit._knock.KNOCK_WITHIN`).
+MIN_PACE_RESET = KNOCK_WITHIN
 
 
 #: Header families whose reset is when a token bucket is full again (OpenAI's

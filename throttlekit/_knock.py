@@ -39,8 +39,10 @@ INF = math.inf
 #: Header families whose reset is a convention of the frameworks, not the
 #: RateLimit draft's ``t`` (which a client obeys as the server's word).
 DE_FACTO_SOURCES = frozenset({"x-ratelimit"})
-#: Knock only before resets at most this many seconds away: a longer window is
-#: paced over (``MIN_PACE_RESET``), where a second late costs little of it.
+#: Knock only before resets at most this many seconds away. Below it a reset
+#: (often whole seconds, rounded up, or a second late) is too coarse to pace
+#: by; above it a scope is paced over the window (``MIN_PACE_RESET``, the same
+#: line), where a second late costs little of it.
 KNOCK_WITHIN = 5.0
 #: The first knock's lead, as a share of the stated wait: it wins a quarter
 #: and risks one refusal; each accepted knock doubles the step.
