@@ -22,6 +22,7 @@ from throttlekit.testing import (
     FlakyServer,
     FrameworkLimiter,
     HAProxyRate,
+    NginxLimitReq,
     QuotaServer,
     Responder,
     ServerModel,
@@ -311,6 +312,15 @@ def test_nginx_limit_conn_answering_503_at_once_is_found_within_seconds(
 #: Real limiters' models, as their sources count (``throttlekit.testing``):
 #: the model, its allowed rate, the run and the span the 90 % is counted over.
 REAL_LIMITERS: dict[str, tuple[ServerModel, float, float, float]] = {
+    # nginx's limit_req without burst: a request at least 1/rate after the
+    # last one accepted, or refused (a refused one does not count).
+    "nginx limit_req 10r/s": (NginxLimitReq(rate=10, status=429, latency=0.001), 10.0, 40.0, 5.0),
+    "nginx limit_req 50r/s, 200 ms origin": (
+        NginxLimitReq(rate=50, status=429, latency=0.2),
+        50.0,
+        40.0,
+        5.0,
+    ),
     # A counter over the last period that counts refused requests too.
     "HAProxy http_req_rate(1s) above 10": (HAProxyRate(limit=10, latency=0.001), 10.0, 40.0, 5.0),
     "HAProxy above 5, 20 ms": (HAProxyRate(limit=5, latency=0.02), 5.0, 40.0, 5.0),

@@ -388,7 +388,15 @@ def test_the_state_is_one_plain_dict_per_part() -> None:
         status = 429 if i == 40 else 200
         state.on_feedback(view, Feedback(status=status, latency=0.05, sent_at=i / 10), i / 10)
     plain = json.loads(json.dumps(state.get_state()))
-    assert set(plain) == {"closures", "concurrency_loop", "errors", "inflight", "log", "rate_loop"}
+    assert set(plain) == {
+        "closures",
+        "concurrency_loop",
+        "errors",
+        "inflight",
+        "log",
+        "rate_loop",
+        "spacing",
+    }
     assert plain["rate_loop"]["phase"] == "recover"
     copy = POLICY.adaptive.controller(POLICY)  # type: ignore[union-attr]
     copy.set_state(plain)

@@ -16,7 +16,7 @@ __all__ = ["advance"]
 logger = logging.getLogger("throttlekit.adaptive")
 
 #: Phases in which the rate loop stands aside (or waits for answers).
-_ASIDE = (Phase.STATED, Phase.MEASURE, Phase.CAPPED)
+_ASIDE = (Phase.STATED, Phase.MEASURE, Phase.CAPPED, Phase.SPACED)
 
 
 def advance(parts: Parts, scope: ScopeView, now: float) -> None:

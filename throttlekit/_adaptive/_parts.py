@@ -10,6 +10,7 @@ from ._errors import ErrorJudge
 from ._inflight import InFlightLimit
 from ._rate import RateLoop
 from ._sends import SendLog
+from ._spacing import Spacing
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -31,8 +32,9 @@ class Parts:
         "inflight",
         "log",
         "rate_loop",
+        "spacing",
     )
-    PARTS = ("closures", "concurrency_loop", "errors", "inflight", "log", "rate_loop")
+    PARTS = ("closures", "concurrency_loop", "errors", "inflight", "log", "rate_loop", "spacing")
 
     def __init__(self, config: Config, policy: ScopePolicy) -> None:
         tuning = config.tuning
@@ -42,6 +44,7 @@ class Parts:
         self.closures = Closures(tuning, config.max_hold)
         self.errors = ErrorJudge(tuning, config.overload_share)
         self.inflight = InFlightLimit(tuning)
+        self.spacing = Spacing(config)
         self.concurrency_loop = ConcurrencyLoop(tuning, policy.concurrency)
 
     def get_state(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ class Phase(str, enum.Enum):
     MEASURE = "measure"  #: a slow server's refusal: waiting for its answers to count the edge
     STATED = "stated"  #: the server's headers count the quota; the rate loop stands aside
     CAPPED = "capped"  #: a limit on requests in flight: the rate loop stands aside
+    SPACED = "spaced"  #: a leaky bucket without burst: paced at the spacing it accepts
 
 
 class Event(enum.Enum):
@@ -27,6 +28,7 @@ class Event(enum.Enum):
     CLIMB = "a search up was refused about where the probe had proved"
     SLOW_REFUSAL = "a slow server refused: its answers will tell the edge"
     IN_FLIGHT_LIMIT = "refusals at one number in flight"
+    SPACED = "refused well sooner after an acceptance than every gap accepted"
     QUOTA_STATED = "the headers count the quota"
     OVERLOAD = "overload errors"
     LONG_WINDOW = "closed for longer than it had been open"
@@ -46,6 +48,7 @@ TRANSITIONS: dict[Event, tuple[frozenset[Phase], Phase]] = {
     Event.CLIMB: (frozenset({Phase.START, Phase.MEASURE}), Phase.CLIMB),
     Event.SLOW_REFUSAL: (_ANY, Phase.MEASURE),
     Event.IN_FLIGHT_LIMIT: (_ANY, Phase.CAPPED),
+    Event.SPACED: (_ANY, Phase.SPACED),
     Event.QUOTA_STATED: (_ANY, Phase.STATED),
     Event.OVERLOAD: (_ANY, Phase.HOLD),
     Event.LONG_WINDOW: (_ANY, Phase.RECOVER),

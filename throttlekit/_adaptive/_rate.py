@@ -232,6 +232,18 @@ class RateLoop(SlotState):
             f"the server allows {count} in flight: a limit on requests in flight",
         )
 
+    def spaced(self, interval: float, accepted: float, now: float) -> None:
+        """A leaky bucket without burst: send ``interval`` apart (``accepted``: least it took)."""
+        self.edge, self.edge_held = 1.0 / accepted, False
+        self.rate = self.target = 1.0 / interval
+        if self.phase is not Phase.SPACED:
+            self.enter(
+                Event.SPACED,
+                now,
+                f"refused sooner after an acceptance than every gap it accepted: a leaky bucket "
+                f"without burst, accepting {self.edge:.3g}/s",
+            )
+
     def overload(self, sent: float, now: float) -> None:
         """Cut for overload from the rate sent (``sent`` per second, 0 if unknown): hold lower."""
         config = self.config

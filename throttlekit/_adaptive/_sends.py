@@ -109,6 +109,12 @@ class SendLog(SlotState):
             return 0.0
         return (len(accepted) - 1) / (accepted[-1] - accepted[0])
 
+    def between(self, start: float, end: float) -> list[list[float]]:
+        """The sends after ``start`` up to ``end`` (``[sent_at, 1 if accepted else 0]``)."""
+        sends = self.sends
+        first = bisect.bisect_right(sends, [start, INF])
+        return sends[first : bisect.bisect_right(sends, [end, INF])]
+
     def window_frees(self, in_flight: int, allowed: int, window: float) -> float | None:
         """When a window of ``window`` seconds that lets ``allowed`` through has room for one more.
 

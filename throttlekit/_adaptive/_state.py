@@ -11,7 +11,7 @@ from ._advance import advance
 from ._overload import on_error
 from ._parts import Parts
 from ._response import SERVER_ERROR, Kind, classify, quota_spent
-from ._throttle import on_throttle, refine
+from ._throttle import judge_spacing, on_throttle, refine
 
 if TYPE_CHECKING:
     from .._controller import Feedback, ScopeView
@@ -97,6 +97,7 @@ class AdaptiveState(Parts):
         )
         if kind is Kind.OK:
             self.inflight.accepted(scope.in_flight)
+            self.spacing.answered(now - sent_at)
             self._accepted(scope, sent_at, now)
         if not (kind is Kind.OVERLOAD and self.errors.errors_limit and loop.echo(sent_at)):
             # (An echo of a limit's refusal counts with that refusal: the end
@@ -113,6 +114,7 @@ class AdaptiveState(Parts):
             self.concurrency_loop.sample(scope, feedback.latency, now, self._top(scope))
         if now >= loop.refine_at:
             refine(self, scope, now)
+        judge_spacing(self, scope, now)
         advance(self, scope, now)
         if loop.horizon > self.config.tuning.edge_horizon and loop.holding():
             loop.keep_window(scope, self.log)

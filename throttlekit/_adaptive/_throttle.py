@@ -10,11 +10,12 @@ from ._edge import set_edge
 from ._inflight import Verdict
 from ._parts import Parts
 from ._phase import Phase
+from ._spacing import Shown
 
 if TYPE_CHECKING:
     from .._controller import ScopeView
 
-__all__ = ["in_flight_limit", "on_throttle", "refine"]
+__all__ = ["in_flight_limit", "judge_spacing", "on_throttle", "refine"]
 
 logger = logging.getLogger("throttlekit.adaptive")
 
@@ -23,13 +24,15 @@ def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait
     """A refusal of a request sent at ``sent_at`` (the server told to wait ``wait`` seconds)."""
     loop, closures = parts.rate_loop, parts.closures
     closed = closures.closed_since(loop.cut_at)
-    if loop.echo(sent_at):
+    if loop.phase is not Phase.SPACED and loop.echo(sent_at):
         _echo(parts, sent_at, now, closed=closed)
         return
     # What the server accepted in the horizon before the refused send: those
     # that answered, and (about) those still in flight.
     flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
     if in_flight_limit(parts, scope, flying, sent_at, now):
+        return
+    if _spaced(parts, sent_at, now, wait):
         return
     if _told_wait(parts, scope, flying, sent_at, now, wait):
         return
@@ -76,6 +79,41 @@ def refine(parts: Parts, scope: ScopeView, now: float) -> None:
     sent = log.measured(sent_at - horizon, sent_at, accepted=False)
     if set_edge(loop, scope, edge, sent, loop.refine_wait, now, 0.0, loop.refine_phase):
         parts.errors.new_edge()
+
+
+def _spaced(parts: Parts, sent_at: float, now: float, wait: float) -> bool:
+    """Note a refusal for the leaky bucket's judge; whether the scope is paced by it already."""
+    loop, spacing = parts.rate_loop, parts.spacing
+    if wait:
+        return False  # a limit that tells its wait is waited out, not searched at every gap
+    spacing.refused(sent_at, now)
+    if loop.phase is not Phase.SPACED:
+        return False
+    loop.cut_at = sent_at
+    loop.spaced(spacing.interval(now), spacing.hi, now)
+    return True
+
+
+def judge_spacing(parts: Parts, scope: ScopeView, now: float) -> None:
+    """Judge the answers settled by now for a leaky bucket without burst; pace by it if shown."""
+    loop, spacing = parts.rate_loop, parts.spacing
+    spaced = loop.phase is Phase.SPACED
+    if not spaced:
+        spacing.on = False
+    verdict = spacing.judge(parts.log, now)
+    if verdict is Shown.LOST and spaced:
+        logger.debug("scope %s: refused at gaps it had accepted: a window", scope.name)
+        loop.search_again(now, "refused at gaps it had accepted: a window, searching up")
+    elif spacing.on:
+        if verdict is Shown.FOUND:
+            logger.debug(
+                "scope %s: refused well sooner after an acceptance than every gap accepted: "
+                "a leaky bucket, its interval in (%.4f, %.4f] s",
+                scope.name,
+                spacing.lo,
+                spacing.hi,
+            )
+        loop.spaced(spacing.interval(now), spacing.hi, now)
 
 
 def _echo(parts: Parts, sent_at: float, now: float, *, closed: bool) -> None:

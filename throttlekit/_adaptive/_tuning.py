@@ -104,6 +104,37 @@ class AdaptiveTuning:
     #: The slowest rate an estimate may give (requests per second).
     min_estimate: float = 0.01
 
+    # -- a leaky bucket without burst ---------------------------------------------------
+    #: A refusal (with no wait told) whose gap after the last acceptance is
+    #: this many times shorter than the last gaps accepted is a leaky
+    #: bucket's (a search up that doubles the rate refuses at half the gap it
+    #: was accepted at; a window refuses at gaps as short as it accepts)...
+    spacing_apart: float = 1.5
+    #: ...when those were at least this many gaps.
+    spacing_fewest: int = 3
+    #: The search for its interval ends when the bounds are within this share
+    #: (each try below the interval costs a refusal).
+    spacing_resolution: float = 0.05
+    #: Paced this share above the shortest gap accepted: the network and the
+    #: server's millisecond clock move a send by a millisecond or two...
+    spacing_guard: float = 0.02
+    #: ...doubled per refusal at a gap that had been accepted, up to this.
+    spacing_max_guard: float = 0.16
+    #: Answers are judged once this many of the longest recent latencies of
+    #: acceptances have passed since their send (a refusal comes back at once;
+    #: those sent before it, accepted, only after the server's work)...
+    spacing_lag: float = 1.5
+    #: ...which forgets this share per acceptance of the longest one before.
+    spacing_slowest_decay: float = 0.95
+    #: Seconds after a refusal before the next try below the shortest gap accepted.
+    spacing_settle: float = 1.0
+    #: A look for a rise widens the lower bound this share below the interval
+    #: (a try there is refused once if the limit has not moved); the share
+    #: doubles while the tries are accepted.
+    spacing_rise: float = 0.05
+    #: Refusals at gaps it had accepted, within a hold: a window, not a leaky bucket.
+    spacing_runs: int = 3
+
     # -- slow servers ----------------------------------------------------------------
     #: A latency above this share of the horizon makes a refusal's count wait
     #: for the answers of what was in flight.

@@ -1,0 +1,194 @@
+"""A leaky bucket without burst (nginx's ``limit_req``): the least spacing it accepts, searched."""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import TYPE_CHECKING
+
+from .._controller import SlotState
+
+if TYPE_CHECKING:
+    from ._sends import SendLog
+    from ._tuning import Config
+
+__all__ = ["Shown", "Spacing"]
+
+INF = math.inf
+
+
+class Shown(enum.Enum):
+    """What the answers judged last say of a leaky bucket without burst."""
+
+    NOTHING = "nothing new"
+    FOUND = "refused well sooner after an acceptance than every gap accepted"
+    LOST = "refused at gaps it had accepted, a few times in a hold: a window, not a bucket"
+
+
+class Spacing(SlotState):
+    """The spacing a leaky bucket without burst accepts: between the gaps it refused and accepted.
+
+    Such a bucket accepts a request only at least its interval after the
+    last one it accepted (a refused one does not count), so every gap it
+    accepted is at least the interval and every gap it refused is less: the
+    interval lies in ``(lo, hi]``. A rate that only counts requests reads
+    this badly (a second that is speeding up undercounts, and a search that
+    doubles the rate sends its first early request half an interval after
+    the last). A window, or a bucket with burst, accepts a burst at gaps
+    shorter than any it refuses. So a refusal whose gap is well short of
+    the last gaps accepted, and shorter than any ever accepted, shows such
+    a bucket (a limit that tells a wait is not searched so: each try would
+    cost the wait); from then on the scope is paced at ``hi``
+    (and a guard for the network and the server's clock), a try at the
+    middle of the bounds halves them per answer, and after a hold the lower
+    bound is widened to look for a rise.
+
+    Answers are judged in the order sent, once every send before them has
+    answered (a refusal comes back at once, an accepted request only after
+    the server's work): until then a refusal's gap is not known.
+    """
+
+    __slots__ = (
+        "config",
+        "guard",
+        "hi",
+        "hold",
+        "judged_to",
+        "last_ok",
+        "least",
+        "lo",
+        "on",
+        "pending",
+        "probe_at",
+        "recent",
+        "rising",
+        "run",
+        "slowest",
+        "step",
+        "try_at",
+    )
+    STATE = tuple(name for name in __slots__ if name != "config")
+
+    def __init__(self, config: Config) -> None:
+        tuning = config.tuning
+        self.config = config
+        self.on = False  # whether a leaky bucket without burst showed
+        self.lo = 0.0  # the longest gap refused since the bounds were set (seconds)
+        self.hi = INF  # the shortest gap accepted since
+        self.guard = tuning.spacing_guard  # the share paced above ``hi``
+        self.hold = config.hold  # seconds settled before looking for a rise
+        self.try_at = INF  # no try below ``hi`` before this
+        self.probe_at = INF  # when to look for a rise
+        self.rising = False  # a look for a rise, not refused yet
+        self.step = tuning.spacing_rise  # how far below ``hi`` it looks for a rise
+        self.run = 0  # refusals at gaps it had accepted, since the last look for a rise
+        self.pending: list[float] = []  # refusals (send instants) not judged yet
+        self.judged_to = -INF  # the answers sent up to this instant are judged
+        self.last_ok: float | None = None  # the last acceptance judged (send instant)
+        self.recent: list[float] = []  # the last gaps between acceptances
+        self.least = INF  # the shortest gap ever accepted (a burst's, if there was one)
+        self.slowest = 0.0  # the longest recent latency of an acceptance (seconds)
+
+    def __repr__(self) -> str:
+        return f"<Spacing on={self.on} lo={self.lo:.4g} hi={self.hi:.4g}>"
+
+    def refused(self, sent_at: float, now: float) -> None:
+        """A refusal of ``sent_at``: judged once what was sent before it has answered."""
+        self.pending.append(sent_at)
+        if self.on:
+            self.try_at = max(self.try_at, now + self.config.tuning.spacing_settle)
+
+    def answered(self, latency: float) -> None:
+        """An acceptance took ``latency`` seconds: answers are judged so long after their send."""
+        self.slowest = max(latency, self.config.tuning.spacing_slowest_decay * self.slowest)
+
+    def judge(self, log: SendLog, now: float) -> Shown:
+        """Judge the answers sent long enough ago that all sent before them have answered."""
+        verdict = Shown.NOTHING
+        pending = self.pending
+        lag = self.config.tuning.spacing_lag * self.slowest
+        for sent_at, ok in log.between(self.judged_to, now - lag):
+            self.judged_to = sent_at
+            if ok:
+                self._accepted(sent_at)
+            elif pending and sent_at in pending:
+                pending.remove(sent_at)
+                was = self.on
+                self._refused(sent_at, now)
+                if self.on != was:
+                    verdict = Shown.FOUND if self.on else Shown.LOST
+        self.pending = [sent_at for sent_at in pending if sent_at > self.judged_to]
+        return verdict
+
+    def interval(self, now: float) -> float:
+        """The spacing to send at now: a try between the bounds, or the shortest accepted."""
+        tuning = self.config.tuning
+        lo, hi = self.lo, self.hi
+        narrow = hi <= lo * (1.0 + tuning.spacing_resolution)
+        if narrow and now >= self.probe_at:
+            # Settled for a hold: look for a rise, and narrow the guard again.
+            self.lo = lo = hi / (1.0 + self.step)
+            self.guard = max(tuning.spacing_guard, self.guard / 2.0)
+            self.rising, narrow, self.run = True, False, 0
+            self.probe_at = INF
+        if not narrow and now >= self.try_at:
+            return (lo + hi) / 2.0
+        return hi * (1.0 + self.guard)
+
+    def _accepted(self, sent_at: float) -> None:
+        """An acceptance: its gap after the last one bounds the interval from above."""
+        tuning = self.config.tuning
+        last, self.last_ok = self.last_ok, sent_at
+        if last is None:
+            return
+        gap = sent_at - last
+        self.recent = [*self.recent, gap][-tuning.spacing_fewest :]
+        self.least = min(self.least, gap)
+        if not self.on or gap >= self.hi:
+            return
+        self.hi = gap
+        if gap < self.lo or (self.rising and gap <= self.lo * (1.0 + tuning.spacing_resolution)):
+            # Accepted sooner than refused before, or as soon as a look for a
+            # rise went: the limit rose. Look twice as far while accepted.
+            self.step *= 2.0
+            self.lo = gap / (1.0 + self.step)
+            self.rising = True
+
+    def _refused(self, sent_at: float, now: float) -> None:
+        """A refusal: its gap after the last acceptance bounds the interval from below."""
+        tuning = self.config.tuning
+        if self.last_ok is None:
+            return
+        gap = sent_at - self.last_ok
+        if not self.on:
+            recent = self.recent
+            if (
+                len(recent) < tuning.spacing_fewest
+                or gap * tuning.spacing_apart > min(recent)
+                or gap >= self.least  # a burst was accepted: a window, or a bucket with burst
+            ):
+                return
+            self.on, self.lo, self.hi, self.run = True, gap, min(recent), 0
+            self.guard, self.hold = tuning.spacing_guard, self._least_hold(self.hi)
+        elif gap >= self.hi:
+            # Refused no sooner than one accepted: the network and the
+            # server's clock moved the sends, or the limit dropped; a few
+            # such refusals within a hold are a window's, not a bucket's
+            # (never taken for one again).
+            self.run += 1
+            if self.run >= tuning.spacing_runs:
+                self.on, self.least = False, 0.0
+                return
+            self.guard = min(tuning.spacing_max_guard, 2.0 * self.guard)
+            self.lo, self.hi = gap, gap * (1.0 + self.guard)
+        else:
+            self.lo = max(self.lo, gap)
+        if self.rising:
+            self.hold = min(max(self.config.max_hold, self.hold), 2.0 * self.hold)
+        self.rising, self.step = False, tuning.spacing_rise
+        self.try_at = now + tuning.spacing_settle
+        self.probe_at = now + self.hold
+
+    def _least_hold(self, interval: float) -> float:
+        """A hold long enough that a refused look for a rise costs a small share of the sends."""
+        return max(self.config.hold, interval / self.config.tuning.probe_cost)
