@@ -147,9 +147,10 @@ class Spacing(SlotState):
         if not self.on or gap >= self.hi:
             return
         self.hi = gap
-        if gap < self.lo or (self.rising and gap <= self.lo * (1.0 + tuning.spacing_resolution)):
-            # Accepted sooner than refused before, or as soon as a look for a
-            # rise went: the limit rose. Look twice as far while accepted.
+        near = self.lo * (1.0 + tuning.spacing_resolution)
+        if gap * (1.0 + tuning.spacing_resolution) < self.lo or (self.rising and gap <= near):
+            # Accepted well sooner than refused before, or as soon as a look
+            # for a rise went: the limit rose. Look twice as far while accepted.
             self.step *= 2.0
             self.lo = gap / (1.0 + self.step)
             self.rising = True
@@ -172,7 +173,8 @@ class Spacing(SlotState):
             self.guard, self.hold = tuning.spacing_guard, self._least_hold(self.hi)
         elif gap >= self.hi:
             # Refused no sooner than one accepted: the network and the
-            # server's clock moved the sends, or the limit dropped; a few
+            # server's clock moved the sends (pace further above the
+            # shortest gap accepted), or the limit dropped; a few
             # such refusals within a hold are a window's, not a bucket's
             # (never taken for one again).
             self.run += 1
@@ -180,7 +182,7 @@ class Spacing(SlotState):
                 self.on, self.least = False, 0.0
                 return
             self.guard = min(tuning.spacing_max_guard, 2.0 * self.guard)
-            self.lo, self.hi = gap, gap * (1.0 + self.guard)
+            self.lo = self.hi / (1.0 + tuning.spacing_resolution)
         else:
             self.lo = max(self.lo, gap)
         if self.rising:
