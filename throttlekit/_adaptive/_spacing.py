@@ -177,6 +177,10 @@ class Spacing(SlotState):
             # shortest gap accepted), or the limit dropped; a few
             # such refusals within a hold are a window's, not a bucket's
             # (never taken for one again).
+            if gap < self.hi * (1.0 + 0.75 * self.guard):
+                # Nearer the pace before the guard last widened than the pace
+                # after: sent before, for a refusal judged already.
+                return
             self.run += 1
             if self.run >= tuning.spacing_runs:
                 self.on, self.least = False, 0.0
