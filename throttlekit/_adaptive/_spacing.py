@@ -177,7 +177,8 @@ class Spacing(SlotState):
             # shortest gap accepted), or the limit dropped; a few
             # such refusals within a hold are a window's, not a bucket's
             # (never taken for one again).
-            if gap < self.hi * (1.0 + 0.75 * self.guard):
+            before, after = self.hi * (1.0 + self.guard / 2.0), self.hi * (1.0 + self.guard)
+            if gap < (before + after) / 2.0:
                 # Nearer the pace before the guard last widened than the pace
                 # after: sent before, for a refusal judged already.
                 return
