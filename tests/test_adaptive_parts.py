@@ -20,6 +20,7 @@ from throttlekit._adaptive._phase import Event, Phase, next_phase
 from throttlekit._adaptive._rate import RateLoop
 from throttlekit._adaptive._response import Kind, classify, quota_spent
 from throttlekit._adaptive._sends import SendLog
+from throttlekit._adaptive._spacing import Shown, Spacing
 from throttlekit.headers import RateLimitInfo
 
 PACKAGE = Path(throttlekit.__file__).parent / "_adaptive"
@@ -185,6 +186,69 @@ def test_a_window_frees_when_its_oldest_acceptance_leaves() -> None:
     log = _log(*((i * 0.1, True) for i in range(10)))
     assert log.window_frees(in_flight=0, allowed=10, window=1.0) == pytest.approx(1.0)
     assert log.window_frees(in_flight=0, allowed=12, window=1.0) is None
+
+
+# -- a leaky bucket without burst -------------------------------------------------------------
+
+
+def _spaced(answers: list[tuple[float, bool]], now: float) -> tuple[Spacing, Shown]:
+    """A Spacing fed ``answers`` (refusals told as they come), judged at ``now``."""
+    spacing, log = Spacing(Adaptive()), SendLog(TUNING)
+    for sent_at, accepted in answers:
+        log.count(sent_at, accepted=accepted, horizon=1.0, latency=0.0)
+        if not accepted:
+            spacing.refused(sent_at, sent_at)
+    return spacing, spacing.judge(log, now)
+
+
+def test_a_refusal_at_half_the_gaps_accepted_shows_a_leaky_bucket() -> None:
+    # 8/s accepted, then the doubled rate's first send refused 1/16 s after.
+    answers = [(i * 0.125, True) for i in range(6)] + [(0.6875, False)]
+    spacing, shown = _spaced(answers, 1.0)
+    assert shown is Shown.FOUND
+    assert (spacing.lo, spacing.hi) == pytest.approx((0.0625, 0.125))
+    assert spacing.interval(1.0) == pytest.approx(0.125 * (1 + TUNING.spacing_guard))
+    # A settle after it was judged, a try at the middle of the bounds.
+    assert spacing.interval(1.0 + TUNING.spacing_settle) == pytest.approx(0.09375)
+
+
+def test_a_window_that_let_a_burst_through_is_not_a_leaky_bucket() -> None:
+    # The same gaps, but a burst at 1/32 s apart was accepted first.
+    burst = [(i / 32, True) for i in range(4)]
+    answers = burst + [(0.2 + i * 0.125, True) for i in range(6)] + [(0.8875, False)]
+    spacing, shown = _spaced(answers, 1.2)
+    assert shown is Shown.NOTHING
+    assert not spacing.on
+
+
+def test_a_refusal_is_judged_only_once_what_was_sent_before_it_has_answered() -> None:
+    spacing, log = Spacing(Adaptive()), SendLog(TUNING)
+    for i in range(6):
+        log.count(i * 0.125, accepted=True, horizon=1.0, latency=0.2)
+        spacing.answered(0.2)
+    spacing.refused(0.8125, 0.813)  # back at once; the send at 0.75 is still in flight
+    log.count(0.8125, accepted=False, horizon=1.0, latency=0.2)
+    assert spacing.judge(log, 0.813) is Shown.NOTHING
+    log.count(0.75, accepted=True, horizon=1.0, latency=0.2)
+    assert spacing.judge(log, 0.8125 + TUNING.spacing_lag * 0.2) is Shown.FOUND
+    assert spacing.lo == pytest.approx(0.0625)  # after the send at 0.75, not 0.625
+
+
+def test_refusals_at_gaps_it_had_accepted_are_a_window_for_good() -> None:
+    answers = [(i * 0.125, True) for i in range(6)] + [(0.6875, False)]
+    spacing, log = Spacing(Adaptive()), SendLog(TUNING)
+    for sent_at, accepted in answers:
+        log.count(sent_at, accepted=accepted, horizon=1.0, latency=0.0)
+    spacing.refused(0.6875, 0.6875)
+    assert spacing.judge(log, 0.7) is Shown.FOUND
+    shown, at = Shown.NOTHING, 0.75
+    for _ in range(TUNING.spacing_runs):
+        at += 2 * spacing.hi  # each at a wider pace than the guard widened to
+        log.count(at, accepted=False, horizon=1.0, latency=0.0)
+        spacing.refused(at, at)
+        shown = spacing.judge(log, at)
+    assert shown is Shown.LOST
+    assert spacing.least == 0.0  # never taken for a leaky bucket again
 
 
 # -- the concurrency loop --------------------------------------------------------------------
