@@ -66,10 +66,7 @@ class SendLog(SlotState):
 
     def accepted_between(self, start: float, end: float) -> list[float]:
         """The send instants of the acceptances sent after ``start`` up to ``end``."""
-        sends = self.sends
-        first = bisect.bisect_right(sends, [start, INF])
-        last = bisect.bisect_right(sends, [end, INF])
-        return [entry[0] for entry in sends[first:last] if entry[1]]
+        return [entry[0] for entry in self.between(start, end) if entry[1]]
 
     def paced(self, sent_at: float, horizon: float, since: float) -> float:
         """Acceptances per second in the horizon up to the last accepted send before ``sent_at``.
