@@ -78,6 +78,16 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
         for rate in (2.0, 10.0, 50.0)
         for lat in (0.001, 0.2)
     ),
+    # nginx's default status (503, no wait told), and rates between and above.
+    *(
+        _case(
+            f"limit_req {rate:g}r/s latency {lat:g}, 503",
+            "limit_req",
+            rate,
+            NginxLimitReq(rate=rate, latency=lat),
+        )
+        for rate, lat in ((5.0, 0.05), (20.0, 0.01), (100.0, 0.05))
+    ),
     *(
         _case(
             f"limit_req 20r/s burst={b}{' nodelay' if nd else ''}",
