@@ -37,11 +37,7 @@ def on_error(
     were random all along: the scope forgets the edge and searches again.
     """
     loop, errors = parts.rate_loop, parts.errors
-    if status is not None and in_flight_limit(
-        parts, scope, max(0, scope.in_flight - 1), sent_at, now, judge=errors.overloaded()
-    ):
-        # Many errors, each at one number in flight: a limit on requests in
-        # flight that answers with errors (nginx's limit_conn answers 503).
+    if status is not None and _limit_shown(parts, scope, sent_at, now):
         return
     echo = loop.echo(sent_at)
     holding = loop.holding()
@@ -70,6 +66,22 @@ def on_error(
     if errors.overloaded() or (parts.closures.empty and not echo):
         # (Closed: a knock after the pause was refused too.)
         cut_for_overload(parts, scope, now)
+
+
+def _limit_shown(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> bool:
+    """Whether an error is a limit's refusal the scope knows the kind of; then it is handled.
+
+    Paced by a leaky bucket's spacing, it is that bucket's refusal, judged
+    by its gap (random errors at gaps it accepted soon show it was not
+    one). Many errors, each at one number in flight, are a limit on
+    requests in flight that answers with errors (nginx's ``limit_conn``
+    answers 503).
+    """
+    if parts.rate_loop.phase is Phase.SPACED:
+        on_throttle(parts, scope, sent_at, now, 0.0)
+        return True
+    flying = max(0, scope.in_flight - 1)
+    return in_flight_limit(parts, scope, flying, sent_at, now, judge=parts.errors.overloaded())
 
 
 def cut_for_overload(parts: Parts, scope: ScopeView, now: float) -> None:

@@ -24,7 +24,12 @@ def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait
     """A refusal of a request sent at ``sent_at`` (the server told to wait ``wait`` seconds)."""
     loop, closures = parts.rate_loop, parts.closures
     closed = closures.closed_since(loop.cut_at)
-    if loop.phase is not Phase.SPACED and loop.echo(sent_at):
+    if loop.phase is Phase.SPACED:
+        # Each refusal is the leaky bucket's, judged by its gap (not an echo
+        # of a cut, nor a sign of a limit on requests in flight).
+        if _spaced(parts, sent_at, now, wait):
+            return
+    elif loop.echo(sent_at):
         _echo(parts, sent_at, now, closed=closed)
         return
     # What the server accepted in the horizon before the refused send: those
