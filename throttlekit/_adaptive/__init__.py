@@ -12,6 +12,7 @@ The parts, each in its own module:
 * ``_closure`` -- closed servers, knocks and long windows;
 * ``_errors`` -- the judge of random, overload and limit errors;
 * ``_inflight`` -- the detector of a limit on requests in flight;
+* ``_spacing`` -- a leaky bucket without burst: the spacing it accepts, searched by gaps;
 * ``_concurrency`` -- the concurrency loop (rounds, latency floor, hung requests);
 * ``_parts`` and ``_state`` -- one scope's parts, fed and combined.
 """
