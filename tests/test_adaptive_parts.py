@@ -191,13 +191,19 @@ def test_a_window_frees_when_its_oldest_acceptance_leaves() -> None:
 # -- a leaky bucket without burst -------------------------------------------------------------
 
 
-def _spaced(answers: list[tuple[float, bool]], now: float) -> tuple[Spacing, Shown]:
-    """A Spacing fed ``answers`` (refusals told as they come), judged at ``now``."""
+def _fed(answers: list[tuple[float, bool]]) -> tuple[Spacing, SendLog]:
+    """A Spacing and its log fed ``answers`` (refusals told as they come)."""
     spacing, log = Spacing(Adaptive()), SendLog(TUNING)
     for sent_at, accepted in answers:
         log.count(sent_at, accepted=accepted, horizon=1.0, latency=0.0)
         if not accepted:
             spacing.refused(sent_at, sent_at)
+    return spacing, log
+
+
+def _spaced(answers: list[tuple[float, bool]], now: float) -> tuple[Spacing, Shown]:
+    """A Spacing fed ``answers``, judged at ``now``."""
+    spacing, log = _fed(answers)
     return spacing, spacing.judge(log, now)
 
 
@@ -235,11 +241,7 @@ def test_a_refusal_is_judged_only_once_what_was_sent_before_it_has_answered() ->
 
 
 def test_refusals_at_gaps_it_had_accepted_are_a_window_for_good() -> None:
-    answers = [(i * 0.125, True) for i in range(6)] + [(0.6875, False)]
-    spacing, log = Spacing(Adaptive()), SendLog(TUNING)
-    for sent_at, accepted in answers:
-        log.count(sent_at, accepted=accepted, horizon=1.0, latency=0.0)
-    spacing.refused(0.6875, 0.6875)
+    spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
     assert spacing.judge(log, 0.7) is Shown.FOUND
     shown, at = Shown.NOTHING, 0.75
     for _ in range(TUNING.spacing_runs):

@@ -25,9 +25,9 @@ def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait
     loop, closures = parts.rate_loop, parts.closures
     closed = closures.closed_since(loop.cut_at)
     if loop.phase is Phase.SPACED:
-        # Each refusal is the leaky bucket's, judged by its gap (not an echo
-        # of a cut, nor a sign of a limit on requests in flight).
-        if _spaced(parts, sent_at, now, wait):
+        if _note_gap(parts, sent_at, now, wait):
+            # The leaky bucket's (not an echo, nor a limit on requests in flight).
+            loop.cut_at = sent_at
             return
     elif loop.echo(sent_at):
         _echo(parts, sent_at, now, closed=closed)
@@ -37,8 +37,7 @@ def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait
     flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
     if in_flight_limit(parts, scope, flying, sent_at, now):
         return
-    if _spaced(parts, sent_at, now, wait):
-        return
+    _note_gap(parts, sent_at, now, wait)
     if _told_wait(parts, scope, flying, sent_at, now, wait):
         return
     tuning = parts.config.tuning
@@ -86,16 +85,14 @@ def refine(parts: Parts, scope: ScopeView, now: float) -> None:
         parts.errors.new_edge()
 
 
-def _spaced(parts: Parts, sent_at: float, now: float, wait: float) -> bool:
-    """Note a refusal for the leaky bucket's judge; whether the scope is paced by it already."""
-    loop, spacing = parts.rate_loop, parts.spacing
+def _note_gap(parts: Parts, sent_at: float, now: float, wait: float) -> bool:
+    """Give a refusal to the leaky bucket's judge (see :func:`judge_spacing`); whether it was.
+
+    Not one that tells a wait: such a limit is waited out, not searched at every gap.
+    """
     if wait:
-        return False  # a limit that tells its wait is waited out, not searched at every gap
-    spacing.refused(sent_at, now)
-    if loop.phase is not Phase.SPACED:
         return False
-    loop.cut_at = sent_at
-    loop.spaced(spacing.interval(now), spacing.hi, now)
+    parts.spacing.refused(sent_at, now)
     return True
 
 
