@@ -79,12 +79,18 @@ class ErrorJudge(SlotState):
         outcomes = self.outcomes
         return sum(outcomes) < share * len(outcomes)
 
-    def overloaded(self) -> bool:
-        """Whether overload errors are the cutting share of enough recent outcomes."""
-        outcomes = self.outcomes
-        return len(outcomes) >= self.tuning.overload_fewest and not self.share_below(
-            self.overload_share
-        )
+    def overloaded(self, *, opening: bool = False) -> bool:
+        """Whether overload errors are the cutting share of enough recent outcomes.
+
+        Or, in the ``opening`` search up, a run of them: a limit that
+        answers with errors refuses most of a doubled rate's sends.
+        """
+        outcomes, fewest = self.outcomes, self.tuning.overload_fewest
+        if len(outcomes) < fewest:
+            return False
+        share = self.overload_share
+        run = sum(outcomes[-fewest:]) >= self.tuning.overload_run * share * fewest
+        return (opening and run) or not self.share_below(share)
 
     def errors_high(self) -> bool:
         """Whether errors are too many for hung requests to be given their places back."""

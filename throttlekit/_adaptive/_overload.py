@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ._parts import Parts
 from ._phase import Event, Phase
-from ._throttle import in_flight_limit, on_throttle
+from ._throttle import in_flight_limit, on_throttle, overcounted
 
 if TYPE_CHECKING:
     from .._controller import ScopeView
@@ -40,6 +40,9 @@ def on_error(
     if status is not None and _limit_shown(parts, scope, sent_at, now):
         return
     echo = loop.echo(sent_at)
+    if echo and status is not None and errors.errors_limit and loop.overcounted(sent_at, now):
+        overcounted(parts, scope)  # (a limit's refusal, as a 429 would be)
+        return
     holding = loop.holding()
     searching = loop.phase in _ABOVE
     limit = errors.limit_refusal(echo=echo, status=status, searching=searching)
@@ -57,13 +60,14 @@ def on_error(
                 logger.debug("scope %s: errors only above the rate held: a rate limit", scope.name)
             errors.errors_limit = True
             if not errors.overloaded():
-                on_throttle(parts, scope, sent_at, now, 0.0)
+                on_throttle(parts, scope, sent_at, now, 0.0, error=True)
                 return
     if not echo:
         errors.errors_clean = False
         if errors.cut_tried:
             _random_below(parts, scope, now)
-    if errors.overloaded() or (parts.closures.empty and not echo):
+    opening = loop.phase is Phase.START and loop.cut_at == -INF and _in_send_order(parts, scope)
+    if errors.overloaded(opening=opening) or (parts.closures.empty and not echo):
         # (Closed: a knock after the pause was refused too.)
         cut_for_overload(parts, scope, now)
 
@@ -118,6 +122,15 @@ def _random_below(parts: Parts, scope: ScopeView, now: float) -> None:
     errors.cut_tried, errors.cut_random_at = 0.0, now
     loop.phase_at = now - loop.hold_for
     logger.debug("scope %s: errors below what got through: random ones", scope.name)
+
+
+def _in_send_order(parts: Parts, scope: ScopeView) -> bool:
+    """Whether the last answers came about in the order sent (few in flight to overtake).
+
+    Else errors answered at once overtake slow acceptances, and a run of
+    them among the last answers says little.
+    """
+    return 2 * scope.in_flight < parts.config.tuning.overload_fewest
 
 
 def _hold_errors(parts: Parts, sent_at: float) -> bool:

@@ -133,6 +133,36 @@ class RateLoop(SlotState):
             return False
         return sent_at - self.cut_at < self.horizon
 
+    def overcounted(self, sent_at: float, now: float) -> bool:
+        """Whether an echo of a new edge's cut may show the edge over-counted; then slow down.
+
+        Sent below the edge after the window had let go of what went out
+        above it, and refused all the same: a sliding window still holding a
+        search's last sends, or a count that read more than the server lets
+        through (a token bucket's stored burst, which it does not refill at
+        that rate). Either way, a restart step slower until the horizon ends,
+        where the next refusal counts the edge again. After a rise, that rise
+        was the stored burst: back at the edge from before it.
+        """
+        edge, risen = self.edge, self.risen_from
+        if edge is None or self.edge_held or not self.holding():
+            return False
+        if sent_at < max(self.cut_at, self.blocked_until):
+            return False
+        if risen is not None:
+            self.edge, self.edge_held, self.hold_for = risen, True, self.risen_hold
+            self.risen_from = None
+            self.target = risen * (1.0 - self.margin)
+            self.rate = min(self.rate, self.target)
+            reason = f"refused below the edge {edge:.3g}/s the rise had counted: a stored burst"
+        else:
+            tuning = self.config.tuning
+            floor = edge * tuning.new_edge_restart ** (1 + tuning.overcount_steps)
+            self.rate = max(min(self.rate, floor), self.rate * tuning.new_edge_restart)
+            reason = f"refused below the edge {edge:.3g}/s: slower until it is counted again"
+        self.enter(Event.EDGE, max(now, self.cut_at + self.horizon), reason)
+        return True
+
     def near(self, edge: float, old: float) -> bool:
         """Whether ``edge`` confirms ``old``: within a request over the horizon (and a few %)."""
         tuning = self.config.tuning

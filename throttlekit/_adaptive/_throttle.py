@@ -15,13 +15,19 @@ from ._spacing import Shown
 if TYPE_CHECKING:
     from .._controller import ScopeView
 
-__all__ = ["in_flight_limit", "judge_spacing", "on_throttle", "refine"]
+__all__ = ["in_flight_limit", "judge_spacing", "on_throttle", "overcounted", "refine"]
 
 logger = logging.getLogger("throttlekit.adaptive")
 
 
-def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait: float) -> None:
-    """A refusal of a request sent at ``sent_at`` (the server told to wait ``wait`` seconds)."""
+def on_throttle(
+    parts: Parts, scope: ScopeView, sent_at: float, now: float, wait: float, *, error: bool = False
+) -> None:
+    """A refusal of a request sent at ``sent_at`` (the server told to wait ``wait`` seconds).
+
+    ``error``: an overload error taken for a limit's refusal. A random one
+    cannot be told from it, so it never counts an edge between refusals.
+    """
     loop, closures = parts.rate_loop, parts.closures
     closed = closures.closed_since(loop.cut_at)
     if loop.phase is Phase.SPACED:
@@ -30,7 +36,7 @@ def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait
             loop.cut_at = sent_at
             return
     elif loop.echo(sent_at):
-        _echo(parts, sent_at, now, closed=closed)
+        _echo(parts, scope, sent_at, now, closed=closed)
         return
     # What the server accepted in the horizon before the refused send: those
     # that answered, and (about) those still in flight.
@@ -42,14 +48,8 @@ def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait
         return
     tuning = parts.config.tuning
     latency = parts.concurrency_loop.latency
-    horizon = loop.horizon
-    slow = flying > 0 and latency is not None and latency > tuning.slow_latency * horizon
-    if slow:
-        # Those in flight left over the last ``latency`` seconds: about this
-        # share of them within the horizon, until they answer.
-        assert latency is not None
-        flying = round(flying * min(1.0, horizon / latency))
-    sent, edge = _measure(parts, sent_at, flying, slow=slow)
+    flying, slow = _flying_in_horizon(parts, flying)
+    sent, edge = _measure(parts, sent_at, flying, slow=slow, recount=not error)
     pause = 0.0
     loop.cut_at = now
     closures.cut()
@@ -69,6 +69,22 @@ def on_throttle(parts: Parts, scope: ScopeView, sent_at: float, now: float, wait
     if set_edge(loop, scope, edge, sent, wait, now, pause, loop.phase):
         parts.errors.new_edge()
     loop.resumed_at = max(now + wait, loop.blocked_until)
+
+
+def _flying_in_horizon(parts: Parts, flying: int) -> tuple[int, bool]:
+    """Of ``flying`` requests in flight, about how many were sent within the horizon; slow?
+
+    A slow server's were sent over the last ``latency`` seconds: about this
+    share of them within the horizon, until they answer.
+    """
+    latency, horizon = parts.concurrency_loop.latency, parts.rate_loop.horizon
+    slow = (
+        flying > 0 and latency is not None and latency > parts.config.tuning.slow_latency * horizon
+    )
+    if slow:
+        assert latency is not None
+        flying = round(flying * min(1.0, horizon / latency))
+    return flying, slow
 
 
 def refine(parts: Parts, scope: ScopeView, now: float) -> None:
@@ -118,7 +134,12 @@ def judge_spacing(parts: Parts, scope: ScopeView, now: float) -> None:
         loop.spaced(spacing.interval(now), spacing.hi, now)
 
 
-def _echo(parts: Parts, sent_at: float, now: float, *, closed: bool) -> None:
+def overcounted(parts: Parts, scope: ScopeView) -> None:
+    """Say that the rate loop slowed below a new edge (see :meth:`RateLoop.overcounted`)."""
+    logger.debug("scope %s: %s", scope.name, parts.rate_loop.reason.removeprefix("adaptive: "))
+
+
+def _echo(parts: Parts, scope: ScopeView, sent_at: float, now: float, *, closed: bool) -> None:
     """An echo of the last cut measures nothing; if nothing got through since, wait a horizon.
 
     One sent after that horizon and refused is a knock, as when the server
@@ -131,6 +152,8 @@ def _echo(parts: Parts, sent_at: float, now: float, *, closed: bool) -> None:
         loop.block(now + parts.closures.close(loop.cut_at))
     elif closed:
         loop.block(loop.cut_at + horizon)
+    elif loop.overcounted(sent_at, now):
+        overcounted(parts, scope)
 
 
 def in_flight_limit(
@@ -189,7 +212,9 @@ def _told_wait(
     return False
 
 
-def _measure(parts: Parts, sent_at: float, flying: int, *, slow: bool) -> tuple[float, float]:
+def _measure(
+    parts: Parts, sent_at: float, flying: int, *, slow: bool, recount: bool
+) -> tuple[float, float]:
     """The rate sent and the edge a refusal of ``sent_at`` measures, ``flying`` still in flight.
 
     On a sliding one-second window the count is the server's limit; on a
@@ -201,6 +226,12 @@ def _measure(parts: Parts, sent_at: float, flying: int, *, slow: bool) -> tuple[
     edge = log.measured(sent_at - horizon, sent_at, accepted=True, extra=flying)
     if slow:
         return sent, edge
+    if recount and _recount(parts, sent_at):
+        # Refused again below a new edge, a horizon or two of sending after
+        # the refusal that set it: a bucket refused both when empty, and what
+        # it let through between them is what it refilled (a count over one
+        # horizon would read the rest of a stored burst as a rate).
+        edge = min(edge, log.measured(loop.cut_at, sent_at, accepted=True))
     if loop.holding() and sent_at - 2 * horizon >= loop.resumed_at:
         # Two horizons of sending without a pause: on fixed windows the last
         # one can hold the end of one window and the start of the next (up
@@ -216,3 +247,17 @@ def _measure(parts: Parts, sent_at: float, flying: int, *, slow: bool) -> tuple[
         paced = log.paced(sent_at, horizon, loop.resumed_at)
         edge = max(edge, paced, log.pace(sent_at - horizon, sent_at, fewest))
     return sent, edge
+
+
+def _recount(parts: Parts, sent_at: float) -> bool:
+    """Whether a refusal below a new edge is counted from the refusal that set it.
+
+    Only a horizon or two after it, with sending paused for at most
+    ``recount_pause`` of that span: after a longer pause (a told wait) the
+    count holds less than the server's limit.
+    """
+    loop = parts.rate_loop
+    horizon, span = loop.horizon, sent_at - loop.cut_at
+    if not loop.holding() or loop.edge_held or not horizon <= span <= 2 * horizon:
+        return False
+    return loop.resumed_at - loop.cut_at <= parts.config.tuning.recount_pause * span

@@ -62,6 +62,17 @@ class AdaptiveTuning:
     # -- edges, holds and probes ---------------------------------------------------
     #: A new edge restarts below itself, at this share, and climbs to the target.
     new_edge_restart: float = 0.9
+    #: A refusal below a new edge, a horizon or two after the one that set it,
+    #: counts the edge between the two (a bucket refills at its rate whatever
+    #: burst it had stored) when sending paused for at most this share of the
+    #: span between them; after a longer pause (a told wait) the span holds less.
+    recount_pause: float = 0.25
+    #: Refusals sent below a new edge within its horizon slow the rate a
+    #: restart step each, at most this many steps: a token bucket's stored
+    #: burst reads up to half again its rate over one second (nginx's
+    #: ``burst=10`` at 20 r/s reads 28), and random 503s, which cannot be told
+    #: from a limit's there, should not slow it further.
+    overcount_steps: int = 2
     #: Seconds over which the rate climbs from its restart to the target.
     recover_time: float = 2.0
     #: An edge within this share of the old one confirms it (sends cross a
@@ -149,6 +160,13 @@ class AdaptiveTuning:
     # -- errors ----------------------------------------------------------------------
     #: Fewest outcomes before the overload share is judged.
     overload_fewest: int = 10
+    #: In the opening search up, errors this many times the overload share
+    #: among the last ``overload_fewest`` outcomes cut too: a limit that
+    #: answers with errors (nginx's 503) refuses most of a doubled rate's
+    #: sends, and cuts after 5 errors, not 10. Only there: random errors at
+    #: 10 %, answered faster than a queueing server's acceptances, make such
+    #: runs often enough to cut the rate again and again.
+    overload_run: float = 2.0
     #: Seconds over which the send rate that an overload cut starts from is measured.
     overload_rate_span: float = 2.0
     #: The slowest rate an overload cut goes to (requests per second).
