@@ -56,8 +56,9 @@ def _late_share(trace: Trace, status: int) -> float:
 
 
 def _refused(trace: Trace) -> float:
+    """The share of sends refused, with a 429 or (nginx's default) a 503."""
     sent = [r for r in trace.requests if r.sent is not None]
-    return sum(1 for r in sent if r.status == 429) / max(1, len(sent))
+    return sum(1 for r in sent if r.status in (429, 503)) / max(1, len(sent))
 
 
 def _p95_latency(trace: Trace, start: float) -> float:
@@ -318,6 +319,20 @@ REAL_LIMITERS: dict[str, tuple[ServerModel, float, float, float]] = {
     "nginx limit_req 50r/s, 200 ms origin": (
         NginxLimitReq(rate=50, status=429, latency=0.2),
         50.0,
+        40.0,
+        5.0,
+    ),
+    # nginx's limit_req with a stored burst: a second's count reads it as a
+    # rate (28/s at 20 r/s with burst=10); at its default 503 too.
+    "nginx limit_req 20r/s burst=10 nodelay, 503": (
+        NginxLimitReq(rate=20, burst=10, nodelay=True, latency=0.001),
+        20.0,
+        40.0,
+        5.0,
+    ),
+    "nginx limit_req 20r/s burst=10 nodelay, 429": (
+        NginxLimitReq(rate=20, burst=10, nodelay=True, status=429, latency=0.001),
+        20.0,
         40.0,
         5.0,
     ),

@@ -352,6 +352,19 @@ def test_overload_needs_its_share_of_enough_outcomes() -> None:
     assert not judge.overloaded()  # 3 of 13
 
 
+def test_a_run_of_errors_cuts_only_in_the_opening_search() -> None:
+    # 5 of the last 10 answers, 5 of 30 in all: under the overload share,
+    # but a limit's refusals once the opening search doubled past it.
+    judge = ErrorJudge(TUNING, overload_share=0.25)
+    for error in [False] * 20 + [False, True] * 5:
+        judge.remember(error)
+    assert judge.overloaded(opening=True)
+    assert not judge.overloaded()
+    judge.remember(False)
+    judge.remember(False)
+    assert not judge.overloaded(opening=True)  # 4 of the last 10
+
+
 def test_a_few_errors_close_together_while_holding_widen_the_margin() -> None:
     judge = ErrorJudge(TUNING, overload_share=0.25)
     margins = [judge.widened(_view(), now, 10.0, 10.0, (0.02, 0.02)) for now in (1.0, 2.0, 3.0)]
@@ -437,6 +450,36 @@ def test_echoes_of_a_cut_are_its_own_until_a_search_up_begins() -> None:
     assert not loop.echo(11.0)
     loop.enter(Event.REOPENED, 10.2)
     assert not loop.echo(10.5)
+
+
+def test_refusals_below_a_new_edge_slow_the_rate_a_few_steps_until_it_is_counted_again() -> None:
+    # Edge 28/s counted with a stored burst; the bucket refills at 20/s.
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 28.0, 29.0, 0.0, 5.0, 0.0, Phase.START)
+    loop.cut_at = 5.0
+    assert loop.rate == pytest.approx(25.2)
+    assert not loop.overcounted(5.01, 5.02)  # sent before the pause for the excess ended
+    rates = []
+    for sent_at in (5.2, 5.4, 5.6, 5.8):
+        assert loop.overcounted(sent_at, sent_at)
+        rates.append(loop.rate)
+    assert rates == pytest.approx([22.68, 20.412, 20.412, 20.412])  # at most two steps
+    assert loop.edge == 28.0  # the next refusal counts it
+    assert not loop.edge_held
+    assert loop.phase_at == pytest.approx(6.0)  # no climb back before the horizon ends
+    set_edge(loop, _view(), 28.0, 29.0, 0.0, 7.0, 0.0, Phase.HOLD)
+    assert not loop.overcounted(7.5, 7.5)  # a confirmed edge: not over-counted
+
+
+def test_a_refusal_below_the_edge_a_rise_counted_was_a_stored_burst() -> None:
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 20.0, 21.0, 0.0, 5.0, 0.0, Phase.START)
+    loop.risen_from, loop.risen_hold, loop.risen_to = 20.0, 20.0, 24.0
+    set_edge(loop, _view(), 27.0, 28.0, 0.0, 30.0, 0.0, Phase.START)
+    loop.cut_at = 30.0
+    assert loop.overcounted(30.3, 30.3)
+    assert (loop.edge, loop.edge_held, loop.hold_for, loop.risen_from) == (20.0, True, 20.0, None)
+    assert loop.rate == pytest.approx(loop.target) == pytest.approx(19.6)
 
 
 def test_the_tuning_is_what_the_parts_use() -> None:
