@@ -40,8 +40,9 @@ def on_error(
     if status is not None and _limit_shown(parts, scope, sent_at, now):
         return
     echo = loop.echo(sent_at)
-    if echo and status is not None and errors.errors_limit and loop.overcounted(sent_at, now):
-        overcounted(parts, scope)  # (a limit's refusal, as a 429 would be)
+    # An echo of a limit's refusal may show its new edge over-counted, as a 429's would.
+    limit_echo = echo and status is not None and errors.errors_limit
+    if limit_echo and overcounted(parts, scope, sent_at, now):
         return
     holding = loop.holding()
     searching = loop.phase in _ABOVE

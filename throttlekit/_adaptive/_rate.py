@@ -117,6 +117,10 @@ class RateLoop(SlotState):
         """Whether the rate is at (or climbing back to) the target below a known edge."""
         return self.phase in (Phase.RECOVER, Phase.HOLD)
 
+    def below_new_edge(self) -> bool:
+        """Whether the rate is held below an edge that no second refusal has confirmed."""
+        return self.holding() and not self.edge_held
+
     def block(self, until: float) -> None:
         """No send before ``until``."""
         self.blocked_until = max(self.blocked_until, until)
@@ -145,7 +149,7 @@ class RateLoop(SlotState):
         was the stored burst: back at the edge from before it.
         """
         edge, risen = self.edge, self.risen_from
-        if edge is None or self.edge_held or not self.holding():
+        if edge is None or not self.below_new_edge():
             return False
         if sent_at < max(self.cut_at, self.blocked_until):
             return False

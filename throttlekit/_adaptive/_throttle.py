@@ -134,9 +134,13 @@ def judge_spacing(parts: Parts, scope: ScopeView, now: float) -> None:
         loop.spaced(spacing.interval(now), spacing.hi, now)
 
 
-def overcounted(parts: Parts, scope: ScopeView) -> None:
-    """Say that the rate loop slowed below a new edge (see :meth:`RateLoop.overcounted`)."""
-    logger.debug("scope %s: %s", scope.name, parts.rate_loop.reason.removeprefix("adaptive: "))
+def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> bool:
+    """Whether a refusal showed a new edge over-counted (see :meth:`RateLoop.overcounted`)."""
+    loop = parts.rate_loop
+    if not loop.overcounted(sent_at, now):
+        return False
+    logger.debug("scope %s: %s", scope.name, loop.reason.removeprefix("adaptive: "))
+    return True
 
 
 def _echo(parts: Parts, scope: ScopeView, sent_at: float, now: float, *, closed: bool) -> None:
@@ -144,7 +148,8 @@ def _echo(parts: Parts, scope: ScopeView, sent_at: float, now: float, *, closed:
 
     One sent after that horizon and refused is a knock, as when the server
     closes (a fixed window spent before its end does not let go of sends as
-    the window counted from them would).
+    the window counted from them would). While open, one sent after the
+    pause for the excess may show a new edge over-counted.
     """
     loop = parts.rate_loop
     horizon = parts.config.tuning.edge_horizon
@@ -152,8 +157,8 @@ def _echo(parts: Parts, scope: ScopeView, sent_at: float, now: float, *, closed:
         loop.block(now + parts.closures.close(loop.cut_at))
     elif closed:
         loop.block(loop.cut_at + horizon)
-    elif loop.overcounted(sent_at, now):
-        overcounted(parts, scope)
+    else:
+        overcounted(parts, scope, sent_at, now)
 
 
 def in_flight_limit(
@@ -258,6 +263,6 @@ def _recount(parts: Parts, sent_at: float) -> bool:
     """
     loop = parts.rate_loop
     horizon, span = loop.horizon, sent_at - loop.cut_at
-    if not loop.holding() or loop.edge_held or not horizon <= span <= 2 * horizon:
+    if not loop.below_new_edge() or not horizon <= span <= 2 * horizon:
         return False
     return loop.resumed_at - loop.cut_at <= parts.config.tuning.recount_pause * span
