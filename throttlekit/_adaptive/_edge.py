@@ -36,7 +36,7 @@ def set_edge(
     if phase is Phase.START and risen is not None and (edge <= proved or loop.near(edge, proved)):
         _climb(loop, scope, sent, now, pause)
         return False
-    edge, hold_for, confirmed = _confirm(loop, edge, now, phase)
+    edge, hold_for, confirmed = _confirm(loop, edge, wait, now, phase)
     loop.hold_for = _hold(loop, hold_for, wait, now, confirmed=confirmed)
     loop.edge, loop.edge_held = edge, confirmed
     loop.target = edge * (1.0 - loop.margin)
@@ -64,7 +64,9 @@ def set_edge(
     return not confirmed
 
 
-def _confirm(loop: RateLoop, edge: float, now: float, phase: Phase) -> tuple[float, float, bool]:
+def _confirm(
+    loop: RateLoop, edge: float, wait: float, now: float, phase: Phase
+) -> tuple[float, float, bool]:
     """Whether ``edge`` confirms the known one; the edge, and the hold it starts from.
 
     The count varies by a request with how sends cross the second's
@@ -91,13 +93,32 @@ def _confirm(loop: RateLoop, edge: float, now: float, phase: Phase) -> tuple[flo
         assert old is not None
         edge = max(edge, old)
     if confirmed and not stored and phase in (Phase.RECOVER, Phase.HOLD):
-        # Refused while holding below an edge that has not moved: the sends
-        # reach the server less evenly than they leave. Hold further below;
-        # it narrows again per hold that passes without a refusal.
-        loop.margin = min(loop.config.tuning.max_margin, 2.0 * loop.margin)
+        loop.margin = _widened(loop, edge, wait)
     if old is not None and loop.edge_held and edge < loop.config.tuning.moved * old:
         loop.moved_at = now  # a limit that had held dropped
     return edge, hold_for, confirmed
+
+
+def _widened(loop: RateLoop, edge: float, wait: float) -> float:
+    """The margin below a confirmed ``edge`` after a refusal (told ``wait``) while holding.
+
+    The sends reach the server less evenly than they leave: the margin
+    doubles (up to ``max_margin``), and narrows again per hold that passes
+    without a refusal. But where the server's window is the horizon (it
+    told no longer wait), a count of whole requests cannot tell a limit one
+    request per horizon lower from the edge: HAProxy's period counter lets
+    11 through a sliding second at a limit of 10. The margin stops there,
+    with the headroom, on its way up rather than step past it (doubling went
+    from 8 % to 16 % below 11/s, 92 % of what HAProxy allows). A longer
+    window's count is not its limit, and its refusals need the wider steps.
+    """
+    wider = 2.0 * loop.margin
+    count = edge * loop.horizon
+    if wait <= loop.horizon and count > 1.0:
+        fewer = 1.0 - (1.0 - 1.0 / count) * (1.0 - loop.config.headroom)
+        if loop.margin < fewer < wider:
+            wider = fewer
+    return min(loop.config.tuning.max_margin, wider)
 
 
 def _climb(loop: RateLoop, scope: ScopeView, sent: float, now: float, pause: float) -> None:
