@@ -367,15 +367,15 @@ def test_a_run_of_errors_cuts_only_in_the_opening_search() -> None:
 
 def test_a_few_errors_close_together_while_holding_widen_the_margin() -> None:
     judge = ErrorJudge(TUNING, overload_share=0.25)
-    margins = [judge.widened(_view(), now, 10.0, 10.0, (0.02, 0.02)) for now in (1.0, 2.0, 3.0)]
+    margins = [judge.widened(_view(), now, 10.0, 0.118, (0.02, 0.02)) for now in (1.0, 2.0, 3.0)]
     assert margins == [None, None, 0.04]
 
 
 def test_errors_as_many_held_lower_are_random_and_reset_the_margin() -> None:
     judge = ErrorJudge(TUNING, overload_share=0.25)
     for now in (1.0, 2.0, 3.0):
-        judge.widened(_view(), now, 10.0, 10.0, (0.02, 0.02))
-    margins = [judge.widened(_view(), now, 9.6, 10.0, (0.04, 0.02)) for now in (3.5, 4.0, 4.5)]
+        judge.widened(_view(), now, 10.0, 0.118, (0.02, 0.02))
+    margins = [judge.widened(_view(), now, 9.6, 0.118, (0.04, 0.02)) for now in (3.5, 4.0, 4.5)]
     assert margins == [None, None, 0.02]
     assert judge.widen_off
 
@@ -434,6 +434,21 @@ def test_a_refusal_while_holding_at_the_edge_widens_the_margin() -> None:
     set_edge(loop, _view(), 10.0, 14.0, 0.0, 5.0, 0.0, Phase.START)
     set_edge(loop, _view(), 10.0, 10.0, 0.0, 8.0, 0.0, Phase.HOLD)
     assert loop.margin == pytest.approx(0.04)
+
+
+def test_the_margin_stops_at_one_request_per_second_below_the_edge_unless_told_longer() -> None:
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 11.0, 14.0, 1.0, 5.0, 0.0, Phase.START)
+    for now in (8.0, 11.0, 14.0):  # HAProxy's refusals: told to wait the horizon
+        set_edge(loop, _view(), 11.0, 11.0, 1.0, now, 0.0, Phase.HOLD)
+    assert loop.target == pytest.approx(10.0 * 0.98)  # 4 %, 8 %, then 10.9 %, not 16 %
+    set_edge(loop, _view(), 11.0, 11.0, 1.0, 17.0, 0.0, Phase.HOLD)
+    assert loop.margin == pytest.approx(2 * (1 - 10.0 * 0.98 / 11.0))  # past it: doubling
+    longer = RateLoop(Adaptive())
+    set_edge(longer, _view(), 11.0, 14.0, 4.0, 5.0, 0.0, Phase.START)
+    for now in (18.0, 31.0, 44.0):  # a longer window's: its count is not its limit
+        set_edge(longer, _view(), 11.0, 11.0, 4.0, now, 0.0, Phase.HOLD)
+    assert longer.margin == pytest.approx(0.16)
 
 
 def test_a_told_wait_makes_the_hold_long_enough_that_a_probe_costs_little() -> None:

@@ -104,20 +104,16 @@ def _widened(loop: RateLoop, edge: float, wait: float) -> float:
 
     The sends reach the server less evenly than they leave: the margin
     doubles (up to ``max_margin``), and narrows again per hold that passes
-    without a refusal. But where the server's window is the horizon (it
-    told no longer wait), a count of whole requests cannot tell a limit one
-    request per horizon lower from the edge: HAProxy's period counter lets
-    11 through a sliding second at a limit of 10. The margin stops there,
-    with the headroom, on its way up rather than step past it (doubling went
-    from 8 % to 16 % below 11/s, 92 % of what HAProxy allows). A longer
-    window's count is not its limit, and its refusals need the wider steps.
+    without a refusal. Where the server's window is the horizon (it told no
+    longer wait), the margin stops on its way at one request per horizon
+    below the edge (:meth:`RateLoop.one_fewer`) rather than step past it:
+    doubling went from 8 % to 16 % below 11/s, 92 % of what HAProxy allows.
+    A longer window's count is not its limit, and its refusals need the
+    wider steps.
     """
     wider = 2.0 * loop.margin
-    count = edge * loop.horizon
-    if wait <= loop.horizon and count > 1.0:
-        fewer = 1.0 - (1.0 - 1.0 / count) * (1.0 - loop.config.headroom)
-        if loop.margin < fewer < wider:
-            wider = fewer
+    if wait <= loop.horizon and loop.margin < (fewer := loop.one_fewer(edge)) < wider:
+        wider = fewer
     return min(loop.config.tuning.max_margin, wider)
 
 

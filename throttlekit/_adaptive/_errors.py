@@ -130,19 +130,18 @@ class ErrorJudge(SlotState):
         scope: ScopeView,
         now: float,
         rate: float,
-        per_horizon: float,
+        fewer: float,
         margin: tuple[float, float],
     ) -> float | None:
         """An error while holding, too few of them to cut on: the new margin, if it widens.
 
         A 429 there would widen the margin (the edge may have read a stored
         burst, a request high), and so do these when a few come close
-        together, up to ``error_margin`` (or the edge's precision, a request
-        over the horizon, at a few per second). Once held lower, a limit's
-        refusals thin out and random errors come as often: then the margin
-        is the headroom again and they widen it no more. ``per_horizon`` is
-        the edge in requests per horizon; ``margin`` the margin now and the
-        headroom.
+        together, up to ``error_margin`` (or the edge's precision at a few
+        per second, ``fewer``: the margin a request per horizon below it).
+        Once held lower, a limit's refusals thin out and random errors come
+        as often: then the margin is the headroom again and they widen it no
+        more. ``margin`` is the margin now and the headroom.
         """
         tuning = self.tuning
         if self.widen_off:
@@ -158,7 +157,7 @@ class ErrorJudge(SlotState):
             self.widen_off = True
             logger.debug("scope %s: errors as many held lower: random ones", scope.name)
             return margin[1]
-        if margin[0] < (widest := max(tuning.error_margin, 1.0 / per_horizon)):
+        if margin[0] < (widest := max(tuning.error_margin, fewer)):
             self.widen_share = share
             return min(widest, 2.0 * margin[0])
         return None

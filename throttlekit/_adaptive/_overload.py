@@ -150,7 +150,7 @@ def _widen(parts: Parts, scope: ScopeView, now: float) -> None:
     if edge is None:
         return
     margin = parts.errors.widened(
-        scope, now, loop.rate, edge * loop.horizon, (loop.margin, parts.config.headroom)
+        scope, now, loop.rate, loop.one_fewer(edge), (loop.margin, parts.config.headroom)
     )
     if margin is None:
         return

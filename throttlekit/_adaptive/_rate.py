@@ -174,6 +174,19 @@ class RateLoop(SlotState):
             tuning.near_share * old, min(1.0 / self.horizon, tuning.near_cap * old)
         )
 
+    def one_fewer(self, edge: float) -> float:
+        """The margin that holds one request per horizon below ``edge``, with the headroom.
+
+        A count of whole requests cannot tell a limit that much lower from
+        the edge: HAProxy's period counter lets 11 through a sliding second
+        at a limit of 10, and a count across a fixed window's boundary reads
+        a request more.
+        """
+        count = edge * self.horizon
+        if count <= 1.0:
+            return self.config.tuning.max_margin
+        return 1.0 - (1.0 - 1.0 / count) * (1.0 - self.config.headroom)
+
     def pause_for_excess(self, sent: float, edge: float, now: float, pause: float) -> None:
         """Block until the server's window has let go of what went out above the edge."""
         horizon = self.horizon
