@@ -368,7 +368,10 @@ def test_a_run_of_errors_cuts_only_in_the_opening_search() -> None:
 def test_a_few_errors_close_together_while_holding_widen_the_margin() -> None:
     judge = ErrorJudge(TUNING, overload_share=0.25)
     margins = [judge.widened(_view(), now, 10.0, 0.118, (0.02, 0.02)) for now in (1.0, 2.0, 3.0)]
-    assert margins == [None, None, 0.04]
+    assert margins == [None, None, 0.118]  # at once to a request per second below the edge
+    fast = ErrorJudge(TUNING, overload_share=0.25)
+    margins = [fast.widened(_view(), now, 100.0, 0.03, (0.02, 0.02)) for now in (1.0, 1.1, 1.2)]
+    assert margins == [None, None, TUNING.error_margin]  # or to error_margin
 
 
 def test_errors_as_many_held_lower_are_random_and_reset_the_margin() -> None:
@@ -449,6 +452,21 @@ def test_the_margin_stops_at_one_request_per_second_below_the_edge_unless_told_l
     for now in (18.0, 31.0, 44.0):  # a longer window's: its count is not its limit
         set_edge(longer, _view(), 11.0, 11.0, 4.0, now, 0.0, Phase.HOLD)
     assert longer.margin == pytest.approx(0.16)
+
+
+@pytest.mark.parametrize("passed", [False, True])
+def test_a_probe_refused_below_the_edge_goes_back_to_the_margin_that_held(passed: bool) -> None:
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 11.0, 14.0, 1.0, 5.0, 0.0, Phase.START)
+    for now in (8.0, 11.0, 14.0):
+        set_edge(loop, _view(), 11.0, 11.0, 1.0, now, 0.0, Phase.HOLD)
+    held = loop.margin
+    # The hold passed unrefused: the probe begins at half the margin.
+    loop.held_margin, loop.margin = held, held / 2
+    loop.rate = 11.5 if passed else 11.0 * (1 - held / 2)
+    set_edge(loop, _view(), 11.0, 11.0, 1.0, 80.0, 0.0, Phase.PROBE)
+    # Refused past the edge, the probe says nothing of the margin below it.
+    assert loop.margin == (held / 2 if passed else held)
 
 
 def test_a_told_wait_makes_the_hold_long_enough_that_a_probe_costs_little() -> None:

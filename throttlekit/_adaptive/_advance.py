@@ -42,6 +42,7 @@ def advance(parts: Parts, scope: ScopeView, now: float) -> None:
     elif phase is Phase.HOLD:
         if not _after_overload(parts, scope, elapsed, now) and elapsed >= loop.hold_for:
             loop.enter(Event.HELD, now, f"probing above {loop.target:.3g}/s")
+            loop.held_margin = loop.margin
             loop.margin = max(parts.config.headroom, loop.margin / 2.0)
             parts.errors.probing()
     else:

@@ -94,6 +94,11 @@ def _confirm(
         edge = max(edge, old)
     if confirmed and not stored and phase in (Phase.RECOVER, Phase.HOLD):
         loop.margin = _widened(loop, edge, wait)
+    elif confirmed and not stored and phase is Phase.PROBE and loop.rate <= edge:
+        # A probe refused before it passed the edge: the narrower margin it
+        # began at does not hold; back to the one the hold before it held at
+        # (each probe cost a refusal more, to widen it again while holding).
+        loop.margin = max(loop.margin, loop.held_margin)
     if old is not None and loop.edge_held and edge < loop.config.tuning.moved * old:
         loop.moved_at = now  # a limit that had held dropped
     return edge, hold_for, confirmed

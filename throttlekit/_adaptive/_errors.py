@@ -137,8 +137,9 @@ class ErrorJudge(SlotState):
 
         A 429 there would widen the margin (the edge may have read a stored
         burst, a request high), and so do these when a few come close
-        together, up to ``error_margin`` (or the edge's precision at a few
-        per second, ``fewer``: the margin a request per horizon below it).
+        together: at once to ``error_margin`` (or the edge's precision at a
+        few per second, ``fewer``: the margin a request per horizon below
+        it), since steps of a few errors each let the hold end first.
         Once held lower, a limit's refusals thin out and random errors come
         as often: then the margin is the headroom again and they widen it no
         more. ``margin`` is the margin now and the headroom.
@@ -159,5 +160,5 @@ class ErrorJudge(SlotState):
             return margin[1]
         if margin[0] < (widest := max(tuning.error_margin, fewer)):
             self.widen_share = share
-            return min(widest, 2.0 * margin[0])
+            return widest
         return None

@@ -39,6 +39,7 @@ class RateLoop(SlotState):
         "edge",
         "edge_held",
         "headers_short",
+        "held_margin",
         "hold_for",
         "horizon",
         "leaky",
@@ -69,6 +70,7 @@ class RateLoop(SlotState):
         self.edge_held = False  # whether a second refusal confirmed it
         self.target = INF  # the rate held below the edge
         self.margin = config.headroom  # how far below the edge the target is
+        self.held_margin = config.headroom  # the margin the last hold passed at unrefused
         self.hold_for = config.hold
         self.moved_at = -INF  # when the limit last dropped
         # The edge and hold before the limit last seemed to rise, and the
