@@ -437,16 +437,24 @@ def test_a_refusal_while_holding_at_the_edge_widens_the_margin() -> None:
     set_edge(loop, _view(), 10.0, 14.0, 0.0, 5.0, 0.0, Phase.START)
     set_edge(loop, _view(), 10.0, 10.0, 0.0, 8.0, 0.0, Phase.HOLD)
     assert loop.margin == pytest.approx(0.04)
+    set_edge(loop, _view(), 10.0, 10.0, 0.0, 11.0, 0.0, Phase.HOLD)
+    assert loop.margin == pytest.approx(0.118)  # 9/s with the headroom: a request below
+    set_edge(loop, _view(), 10.0, 10.0, 0.0, 14.0, 0.0, Phase.HOLD)
+    assert loop.margin == pytest.approx(0.236)  # past it, it doubles
 
 
-def test_the_margin_stops_at_one_request_per_second_below_the_edge_unless_told_longer() -> None:
+def test_a_second_refusal_goes_to_one_request_per_second_below_unless_told_longer() -> None:
     loop = RateLoop(Adaptive())
     set_edge(loop, _view(), 11.0, 14.0, 1.0, 5.0, 0.0, Phase.START)
-    for now in (8.0, 11.0, 14.0):  # HAProxy's refusals: told to wait the horizon
+    for now in (8.0, 11.0):  # HAProxy's refusals: told to wait the horizon
         set_edge(loop, _view(), 11.0, 11.0, 1.0, now, 0.0, Phase.HOLD)
-    assert loop.target == pytest.approx(10.0 * 0.98)  # 4 %, 8 %, then 10.9 %, not 16 %
-    set_edge(loop, _view(), 11.0, 11.0, 1.0, 17.0, 0.0, Phase.HOLD)
-    assert loop.margin == pytest.approx(2 * (1 - 10.0 * 0.98 / 11.0))  # past it: doubling
+    assert loop.target == pytest.approx(10.0 * 0.98)  # 4 %, then 10.9 %, not 8 % then 16 %
+    fast = RateLoop(Adaptive())
+    set_edge(fast, _view(), 100.0, 104.0, 1.0, 5.0, 0.0, Phase.START)
+    set_edge(fast, _view(), 100.0, 100.0, 1.0, 8.0, 0.0, Phase.HOLD)
+    assert fast.target == pytest.approx(99.0 * 0.98)  # a request is 1 %: it stops there
+    set_edge(fast, _view(), 100.0, 100.0, 1.0, 11.0, 0.0, Phase.HOLD)
+    assert fast.margin == pytest.approx(2 * (1 - 0.99 * 0.98))  # then doubles
     longer = RateLoop(Adaptive())
     set_edge(longer, _view(), 11.0, 14.0, 4.0, 5.0, 0.0, Phase.START)
     for now in (18.0, 31.0, 44.0):  # a longer window's: its count is not its limit
@@ -458,7 +466,7 @@ def test_the_margin_stops_at_one_request_per_second_below_the_edge_unless_told_l
 def test_a_probe_refused_below_the_edge_goes_back_to_the_margin_that_held(passed: bool) -> None:
     loop = RateLoop(Adaptive())
     set_edge(loop, _view(), 11.0, 14.0, 1.0, 5.0, 0.0, Phase.START)
-    for now in (8.0, 11.0, 14.0):
+    for now in (8.0, 11.0):
         set_edge(loop, _view(), 11.0, 11.0, 1.0, now, 0.0, Phase.HOLD)
     held = loop.margin
     # The hold passed unrefused: the probe begins at half the margin.

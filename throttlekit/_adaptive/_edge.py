@@ -110,15 +110,19 @@ def _widened(loop: RateLoop, edge: float, wait: float) -> float:
     The sends reach the server less evenly than they leave: the margin
     doubles (up to ``max_margin``), and narrows again per hold that passes
     without a refusal. Where the server's window is the horizon (it told no
-    longer wait), the margin stops on its way at one request per horizon
-    below the edge (:meth:`RateLoop.one_fewer`) rather than step past it:
-    doubling went from 8 % to 16 % below 11/s, 92 % of what HAProxy allows.
-    A longer window's count is not its limit, and its refusals need the
-    wider steps.
+    longer wait), one request per horizon below the edge
+    (:meth:`RateLoop.one_fewer`) is a step of its own: a count of whole
+    requests cannot tell that limit from the edge (HAProxy's period counter
+    lets 11 through a sliding second at a limit of 10). The margin stops
+    there on its way up, and goes there at once from a margin already
+    widened (a second refusal at the edge): doubling went from 8 % to 16 %
+    below 11/s, 92 % of what HAProxy allows, after three refusals. A longer
+    window's count is not its limit, and its refusals need the wider steps.
     """
     wider = 2.0 * loop.margin
-    if wait <= loop.horizon and loop.margin < (fewer := loop.one_fewer(edge)) < wider:
-        wider = fewer
+    fewer = loop.one_fewer(edge)
+    if wait <= loop.horizon and loop.margin < fewer:
+        wider = max(wider, fewer) if loop.margin > loop.config.headroom else min(wider, fewer)
     return min(loop.config.tuning.max_margin, wider)
 
 
