@@ -5,7 +5,7 @@ them must hold on others (the issue: "vary rates, bursts, windows and
 latencies"). This sweep runs Adaptive and the oracle against
 :mod:`throttlekit.testing`'s models of nginx ``limit_req`` (rates, bursts,
 ``nodelay`` or not, latencies), ``limit_conn`` (limits, origin latencies),
-HAProxy's period counter (limits, periods) and the ``limits`` library's
+HAProxy's period counter (limits, periods, a told wait or a bare 429) and the ``limits`` library's
 windows (strategies, lengths, headers on every response or none), and judges
 each against the issue's targets: at least 95 % of the oracle over the second
 half, under 2 % refused, 90 % of the allowed rate within 15 s (windows of a
@@ -98,6 +98,16 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
         for b in (5, 40)
         for nd in (True, False)
     ),
+    # nginx's documentation example (rate=1r/s burst=5), with and without nodelay.
+    *(
+        _case(
+            f"limit_req 1r/s burst=5{' nodelay' if nd else ''}, 503",
+            "burst",
+            1.0,
+            NginxLimitReq(rate=1.0, burst=5, nodelay=nd, latency=0.01),
+        )
+        for nd in (True, False)
+    ),
     *(
         _case(
             f"limit_conn {n} x {lat:g} s",
@@ -108,9 +118,15 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
         for n in (2, 16)
         for lat in (0.05, 0.5)
     ),
+    # The last: HAProxy's blog recipe (http_req_rate(10s), gt 20), a bare deny 429.
     *(
-        _case(f"HAProxy {n} per {p:g} s", "haproxy", n / p, HAProxyRate(limit=n, period=p))
-        for n, p in ((5, 1.0), (50, 1.0), (20, 10.0))
+        _case(
+            f"HAProxy {n} per {p:g} s{'' if wait else ', bare 429'}",
+            "haproxy",
+            n / p,
+            HAProxyRate(limit=n, period=p, retry_after=wait),
+        )
+        for n, p, wait in ((5, 1.0, 1), (50, 1.0, 1), (20, 10.0, 1), (20, 10.0, None))
     ),
     *(
         _case(
