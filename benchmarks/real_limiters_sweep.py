@@ -5,11 +5,12 @@ them must hold on others (the issue: "vary rates, bursts, windows and
 latencies"). This sweep runs Adaptive and the oracle against
 :mod:`throttlekit.testing`'s models of nginx ``limit_req`` (rates, bursts,
 ``nodelay`` or not, latencies), ``limit_conn`` (limits, origin latencies),
-HAProxy's period counter (limits, periods, a told wait or a bare 429) and the ``limits`` library's
-windows (strategies, lengths, headers on every response or none), and judges
-each against the issue's targets: at least 95 % of the oracle over the second
-half, under 2 % refused, 90 % of the allowed rate within 15 s (windows of a
-minute or longer: within the second window), nothing inside an announced wait.
+HAProxy's period counter (limits, periods, a told wait or a bare 429) and the
+``limits`` library's windows (strategies, lengths, headers on every response
+or none), and judges each against the issue's targets: at least 95 % of the
+oracle over the second half, under 2 % refused, 90 % of the allowed rate
+within 15 s (windows of a minute or longer: within the second window),
+nothing inside an announced wait.
 
 The cases with headers state their reset as an epoch, which the models
 compute from the wall clock, rounded down as Flask-Limiter does, and the

@@ -113,11 +113,12 @@ def _widened(loop: RateLoop, edge: float, wait: float) -> float:
     longer wait), one request per horizon below the edge
     (:meth:`RateLoop.one_fewer`) is a step of its own: a count of whole
     requests cannot tell that limit from the edge (HAProxy's period counter
-    lets 11 through a sliding second at a limit of 10). The margin stops
-    there on its way up, and goes there at once from a margin already
-    widened (a second refusal at the edge): doubling went from 8 % to 16 %
-    below 11/s, 92 % of what HAProxy allows, after three refusals. A longer
-    window's count is not its limit, and its refusals need the wider steps.
+    lets 11 through a sliding second at a limit of 10). From the headroom
+    the margin stops there on its way up; from a margin already widened (a
+    second refusal at the edge) it goes at least there, doubling if that is
+    wider: doubling alone went from 8 % to 16 % below 11/s, 92 % of what
+    HAProxy allows, after three refusals. A longer window's count is not
+    its limit, and its refusals need the wider steps.
     """
     wider = 2.0 * loop.margin
     fewer = loop.one_fewer(edge)
