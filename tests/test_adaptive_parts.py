@@ -330,6 +330,37 @@ def test_refusals_at_one_count_when_never_more_were_accepted_are_a_limit_in_flig
     assert verdicts == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
 
 
+def test_counts_one_apart_are_one_limit_where_the_count_is_not_exact() -> None:
+    # Through a shared backend, the count in flight is the processes' leases:
+    # three refusals at one nginx limit_conn 4 read 5, 6 and 5. Exact counts
+    # that far apart are no such limit (a leaky bucket refuses at any count).
+    verdicts: dict[bool, list[Verdict]] = {}
+    for exact in (True, False):
+        detector = InFlightLimit(TUNING)
+        verdicts[exact] = []
+        for sent_at, accepted, flying in ((10.0, 10, 5), (20.0, 20, 6), (30.0, 30, 5)):
+            log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
+            verdicts[exact].append(detector.refused(flying, sent_at, log, exact=exact))
+        if not exact:
+            assert detector.count == 5  # the lowest
+    assert verdicts[True] == [Verdict.NOTHING] * 3
+    assert verdicts[False] == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
+
+
+def test_a_refusal_just_below_an_inexact_limit_lowers_it() -> None:
+    detector = InFlightLimit(TUNING)
+    for sent_at, accepted in ((10.0, 10), (20.0, 20), (30.0, 30)):
+        log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
+        detector.refused(5, sent_at, log, exact=False)
+    assert detector.count == 5
+    assert detector.refused(5, 31.0, _log(), exact=False) is Verdict.KNOWN
+    assert detector.refused(4, 32.0, _log(), exact=False) is Verdict.FOUND  # the cap: one lower
+    assert detector.count == 4
+    assert detector.refused(4, 33.0, _log(), exact=False) is Verdict.KNOWN
+    assert detector.refused(3, 34.0, _log(), exact=False) is Verdict.NOTHING  # disproved
+    assert detector.count is None
+
+
 def test_errors_are_only_counted_until_judged() -> None:
     detector = InFlightLimit(TUNING)
     for sent_at in (10.0, 20.0, 30.0):

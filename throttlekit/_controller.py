@@ -88,6 +88,15 @@ class ScopeView(Protocol):
         """Requests of the scope in flight now."""
         ...
 
+    @property
+    def in_flight_exact(self) -> bool:
+        """Whether :attr:`in_flight` counts exactly the requests in flight.
+
+        A backend shared by processes counts its leases instead, among them
+        ones granted but not yet sent and ones answered but not yet released.
+        """
+        ...
+
 
 @attrs.frozen(kw_only=True)
 class ScopeSnapshot:
@@ -98,6 +107,7 @@ class ScopeSnapshot:
     delay: float
     concurrency: int | None
     in_flight: int
+    in_flight_exact: bool = True
 
 
 @runtime_checkable

@@ -203,6 +203,9 @@ class ScopeLedger:
         "timer_at",
     )
 
+    #: The ledger counts its own requests in flight (see :class:`ScopeView`).
+    in_flight_exact = True
+
     def __init__(self, name: str, policy: ScopePolicy) -> None:
         self.name = name
         self.policy = policy

@@ -28,14 +28,21 @@ class InFlightLimit(SlotState):
     whatever the count. Refusals at one count are a limit in flight when
     their rates differ, or when no answer accepted since came with more in
     flight. A refusal at a lower count disproves it.
+
+    Where the count is not exact (a backend shared by processes counts its
+    leases, among them ones granted but not yet sent and ones answered but
+    not yet released), counts ``inflight_noise`` apart are one count, the
+    limit is the lowest, and a refusal that much below the limit found
+    lowers it rather than disproving it.
     """
 
-    __slots__ = ("above", "count", "refusals", "tuning")
-    STATE = ("above", "count", "refusals")
+    __slots__ = ("above", "count", "found", "refusals", "tuning")
+    STATE = ("above", "count", "found", "refusals")
 
     def __init__(self, tuning: AdaptiveTuning) -> None:
         self.tuning = tuning
         self.count: int | None = None  # the limit on requests in flight, once found
+        self.found = 0  # the count it was found at (it may show one lower since)
         self.refusals: list[list[float]] = []  # [in flight, rate] at the last refusals
         # Whether an answer accepted since the first of those refusals had
         # more in flight than they had (a limit on requests in flight does
@@ -45,43 +52,61 @@ class InFlightLimit(SlotState):
     def __repr__(self) -> str:
         return f"<InFlightLimit count={self.count}>"
 
-    def accepted(self, in_flight: int) -> None:
-        """An accepted answer, with ``in_flight`` requests in flight (itself included)."""
+    def accepted(self, in_flight: int, *, exact: bool = True) -> None:
+        """An accepted answer, with ``in_flight`` requests in flight (itself included).
+
+        ``exact``: whether the count is exact (see the class).
+        """
         refusals = self.refusals
-        if refusals and in_flight > refusals[-1][0]:
+        if refusals and in_flight > refusals[-1][0] + self._noise(exact):
             self.above = True
 
-    def refused(self, flying: int, sent_at: float, log: SendLog, *, judge: bool = True) -> Verdict:
+    def refused(
+        self, flying: int, sent_at: float, log: SendLog, *, judge: bool = True, exact: bool = True
+    ) -> Verdict:
         """A refusal of a request sent at ``sent_at`` with ``flying`` others in flight.
 
         With ``judge`` false it is only counted (an error that may be a
-        random one: the caller judges once errors are many).
+        random one: the caller judges once errors are many). ``exact``:
+        whether the count is exact (see the class).
         """
         tuning = self.tuning
+        noise = self._noise(exact)
         if self.count is not None:
-            if flying < self.count:  # refused below the limit found: not (only) one
+            if flying < self.found - noise:  # refused below the limit found: not (only) one
                 self.count, self.refusals = None, []
                 return Verdict.NOTHING
+            if flying < self.count:  # a count read high: the cap let one too many through
+                self.count = flying
+                return Verdict.FOUND
             return Verdict.KNOWN
         horizon = tuning.edge_horizon
         rate = log.measured(sent_at - horizon, sent_at, accepted=True) + flying
         refusals = self.refusals
-        if refusals and refusals[-1][0] != flying:
+        if refusals and abs(refusals[-1][0] - flying) > noise:
             self.above = False
         refusals.append([flying, rate])
         del refusals[: -tuning.inflight_refusals]
-        counts = {count for count, _ in refusals}
+        counts = [count for count, _ in refusals]
         rates = [rate for _, rate in refusals]
         if (
             not judge
             or len(refusals) < tuning.inflight_refusals
-            or len(counts) > 1
-            or flying < tuning.inflight_fewest
+            or max(counts) - min(counts) > noise
+            or min(counts) < tuning.inflight_fewest
             or (self.above and max(rates) <= tuning.inflight_spread * min(rates))
         ):
             return Verdict.NOTHING
-        self.count = flying
+        self.count = self.found = int(min(counts))
         return Verdict.FOUND
+
+    def _noise(self, exact: bool) -> int:
+        """How far apart counts of one limit may read."""
+        return 0 if exact else self.tuning.inflight_noise
+
+    def counts(self) -> str:
+        """The counts in flight of the refusals that found the limit, for the log."""
+        return "/".join(str(count) for count, _ in self.refusals)
 
     def rates(self) -> str:
         """The rates of the refusals that found the limit, for the log."""

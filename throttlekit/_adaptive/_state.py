@@ -96,7 +96,7 @@ class AdaptiveState(Parts):
             errors_high=self.errors.errors_high(),
         )
         if kind is Kind.OK:
-            self.inflight.accepted(scope.in_flight)
+            self.inflight.accepted(scope.in_flight, exact=scope.in_flight_exact)
             self.spacing.answered(now - sent_at)
             self._accepted(scope, sent_at, now)
         if not (kind is Kind.OVERLOAD and self.errors.errors_limit and loop.echo(sent_at)):

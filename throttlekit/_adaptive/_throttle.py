@@ -169,19 +169,23 @@ def in_flight_limit(
     With ``judge`` false it is only counted (see :meth:`InFlightLimit.refused`).
     """
     inflight = parts.inflight
-    verdict = inflight.refused(flying, sent_at, parts.log, judge=judge)
+    exact = scope.in_flight_exact
+    verdict = inflight.refused(flying, sent_at, parts.log, judge=judge, exact=exact)
     if verdict is Verdict.NOTHING:
         return False
     if verdict is Verdict.KNOWN:
         parts.rate_loop.cut_at = now
         return True
-    parts.concurrency_loop.cap(flying)
-    parts.rate_loop.cap(flying, now)
+    count = inflight.count
+    assert count is not None
+    parts.concurrency_loop.cap(count)
+    parts.rate_loop.cap(count, now)
     logger.debug(
-        "scope %s: refused at %d in flight each time, at %s/s: a concurrency limit",
+        "scope %s: refused at %s in flight, at %s/s: a concurrency limit of %d",
         scope.name,
-        flying,
+        inflight.counts(),
         inflight.rates(),
+        count,
     )
     return True
 

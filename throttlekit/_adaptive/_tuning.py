@@ -206,6 +206,9 @@ class AdaptiveTuning:
     inflight_spread: float = 1.25
     #: ...and a count of at least this many.
     inflight_fewest: int = 2
+    #: Where the count in flight is not exact (a backend shared by processes
+    #: counts leases), counts this far apart are one count.
+    inflight_noise: int = 1
 
     # -- the concurrency loop ----------------------------------------------------------
     #: The concurrency limit at the start (Vegas slow start doubles it per round).

@@ -238,6 +238,7 @@ def _snapshot(scope: str, policy: ScopePolicy, stored: StoredState) -> ScopeSnap
         delay=stored.delay,
         concurrency=stored.concurrency,
         in_flight=stored.in_flight,
+        in_flight_exact=False,  # the count of leases, across processes
     )
 
 
