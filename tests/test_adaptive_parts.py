@@ -508,6 +508,16 @@ def test_a_probe_refused_below_the_edge_goes_back_to_the_margin_that_held(passed
     assert loop.margin == (held / 2 if passed else held)
 
 
+def test_an_overload_cut_goes_below_what_got_through_when_most_sends_were_refused() -> None:
+    loop = RateLoop(Adaptive())
+    loop.rate = 16.0
+    loop.overload(8.0, 1.0, 2.0)  # one in eight got through: a limit near 1/s
+    assert loop.rate == pytest.approx(1.0 * (1 - TUNING.error_margin))
+    loop.rate = 16.0
+    loop.overload(8.0, 6.0, 2.0)  # random errors: the share cut, from the rate sent
+    assert loop.rate == pytest.approx(8.0 * Adaptive().overload_cut)
+
+
 def test_a_told_wait_makes_the_hold_long_enough_that_a_probe_costs_little() -> None:
     loop = RateLoop(Adaptive())
     set_edge(loop, _view(), 10.0, 14.0, 0.5, 5.0, 0.0, Phase.START)

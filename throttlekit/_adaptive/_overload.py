@@ -96,8 +96,9 @@ def cut_for_overload(parts: Parts, scope: ScopeView, now: float) -> None:
     closed = closures.closed_since(loop.cut_at)
     span = config.tuning.overload_rate_span
     sent = parts.log.measured(now - span, now, accepted=False)
+    got = parts.log.measured(now - span, now, accepted=True)
     old_rate, old_limit = loop.rate, concurrency.limit
-    loop.overload(sent, now)
+    loop.overload(sent, got, now)
     closures.cut()
     if closed:  # (a long window's limit spent, or a server down)
         loop.block(now + closures.close(loop.cut_at))

@@ -293,11 +293,20 @@ class RateLoop(SlotState):
                 f"without burst, accepting {self.edge:.3g}/s",
             )
 
-    def overload(self, sent: float, now: float) -> None:
-        """Cut for overload from the rate sent (``sent`` per second, 0 if unknown): hold lower."""
+    def overload(self, sent: float, got: float, now: float) -> None:
+        """Cut for overload from the rate sent (``sent`` per second, 0 if unknown): hold lower.
+
+        ``got``: the rate of those sends that got through; when it is a
+        small share, the cut goes just below it
+        (:attr:`~throttlekit.AdaptiveTuning.overload_got`).
+        """
         config = self.config
+        tuning = config.tuning
         base = min(self.rate, sent) if sent > 0 else self.rate
-        self.rate = max(config.tuning.min_rate, base * config.overload_cut)
+        rate = base * config.overload_cut
+        if 0 < got < tuning.overload_got * sent:
+            rate = min(rate, got * (1.0 - tuning.error_margin))
+        self.rate = max(tuning.min_rate, rate)
         self.edge = None
         self.target = self.rate
         self.hold_for = config.hold
