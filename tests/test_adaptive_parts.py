@@ -164,11 +164,20 @@ def _log(*sends: tuple[float, bool]) -> SendLog:
     return log
 
 
-def test_the_log_counts_exactly_and_keeps_two_horizons() -> None:
-    log = _log(*((i / 10, i % 5 != 4) for i in range(40)))
-    assert log.measured(2.9, 3.9, accepted=False) == pytest.approx(10.0)
-    assert log.measured(2.9, 3.9, accepted=True) == pytest.approx(8.0)
-    assert log.sends[0][0] >= 3.9 - 2.0 - 1e-9  # older than two horizons: forgotten
+def test_the_log_counts_exactly_and_keeps_three_horizons() -> None:
+    log = _log(*((i / 10, i % 5 != 4) for i in range(50)))
+    assert log.measured(3.9, 4.9, accepted=False) == pytest.approx(10.0)
+    assert log.measured(3.9, 4.9, accepted=True) == pytest.approx(8.0)
+    assert log.sends[0][0] >= 4.9 - 3.0 - 1e-9  # older than three horizons: forgotten
+    assert log.sends[0][0] <= 4.9 - 3.0 + 0.1
+
+
+def test_the_pace_up_to_the_last_acceptance_counts_two_whole_horizons() -> None:
+    # nginx at 2 r/s, refused a gap after the last acceptance: the two
+    # horizons up to that acceptance hold four, which a log that kept two
+    # horizons back from the refusal had partly forgotten (1/s).
+    log = _log(*((26.0 + i * 0.52, True) for i in range(8)), (30.1, False))
+    assert log.paced(30.1, 1.0, 0.0) == pytest.approx(2.0)
 
 
 def test_answers_out_of_send_order_are_logged_in_send_order() -> None:

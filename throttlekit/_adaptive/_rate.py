@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._controller import SlotState
 from ._phase import Event, Phase, next_phase
-from ._sends import SendLog
+from ._sends import SendLog, whole
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -211,7 +211,7 @@ class RateLoop(SlotState):
         if edge is None:
             return
         horizon = self.horizon
-        frees = log.window_frees(scope.in_flight, math.floor(edge * horizon), horizon)
+        frees = log.window_frees(scope.in_flight, whole(edge * horizon), horizon)
         if frees is not None:
             self.block(frees)
 

@@ -8,37 +8,48 @@ import math
 from .._controller import SlotState
 from ._tuning import AdaptiveTuning
 
-__all__ = ["SendLog"]
+__all__ = ["SendLog", "whole"]
 
 INF = math.inf
 
+#: Spans taken back from an instant (``end - (end - horizon)``) are a hair
+#: off the horizon in floating point, so a count over one can read a hair
+#: short of the whole requests it holds (2 over 1.0000000000000018 s).
+_HAIR = 1e-9
+
+
+def whole(count: float) -> int:
+    """The whole requests in ``count``, one a hair short included."""
+    return math.floor(count + _HAIR)
+
 
 class SendLog(SlotState):
-    """The answered sends of the last two horizons, ``[sent_at, 1 if accepted else 0]``, in order.
+    """The answered sends of the last few horizons, ``[sent_at, 1 if accepted else 0]``, in order.
 
     Every rate the rate loop reasons with is counted here, exactly: a
     refusal on a sliding one-second window then reads as the server's limit.
     """
 
-    __slots__ = ("kept", "sends")
+    __slots__ = ("horizons", "kept", "sends")
     STATE = ("sends",)
 
     def __init__(self, tuning: AdaptiveTuning) -> None:
         self.kept = tuning.sends_kept
+        self.horizons = tuning.sends_horizons
         self.sends: list[list[float]] = []
 
     def __repr__(self) -> str:
         return f"<SendLog {len(self.sends)} sends>"
 
     def count(self, sent_at: float, *, accepted: bool, horizon: float, latency: float) -> None:
-        """Log an answered send; forget those older than two horizons and latencies."""
+        """Log an answered send; forget those older than ``sends_horizons`` and two latencies."""
         sends = self.sends
         entry = [sent_at, 1 if accepted else 0]
         if not sends or sent_at >= sends[-1][0]:
             sends.append(entry)
         else:  # answers arrive out of send order
             bisect.insort(sends, entry)
-        oldest = sends[-1][0] - 2 * horizon - 2 * latency
+        oldest = sends[-1][0] - self.horizons * horizon - 2 * latency
         drop = max(bisect.bisect_left(sends, [oldest]), len(sends) - self.kept)
         if drop:
             del sends[:drop]
@@ -91,7 +102,7 @@ class SendLog(SlotState):
             return 0.0
         one = self.measured(end - horizon, end, accepted=True)
         two = self.measured(end - 2 * horizon, end, accepted=True)
-        return math.floor(min(one, two) * horizon) / horizon
+        return whole(min(one, two) * horizon) / horizon
 
     def pace(self, start: float, end: float, fewest: int) -> float:
         """The pace of the acceptances sent after ``start`` up to ``end`` (0: under ``fewest``).
