@@ -861,6 +861,27 @@ def test_a_leaky_bucket_without_burst_is_held_at_its_interval(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_slow_leaky_bucket_is_held_at_its_rate_not_half_of_it(backend: str) -> None:
+    # nginx's limit_req at 2 r/s: a probe's edge, counted over the two
+    # horizons up to its last acceptance, read 1/s when the log kept only
+    # two horizons back from the refusal a gap later (48 % of what it allows).
+    trace = _run(NginxLimitReq(rate=2, status=429, latency=0.001), 60.0, backend)
+    assert _ok_rate(trace, 30, 60) >= 0.9 * 2
+    assert _refused(trace) < 0.04
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_slow_limit_answering_503_is_cut_to_what_gets_through(backend: str) -> None:
+    # nginx's limit_req at 1 r/s with its default 503: each overload cut
+    # took 0.7 of the rate and its own run of errors (16, 3.5, 2.45, 1.7,
+    # 1.2, 0.84/s), 43 % of the sends refused; a cut goes just below what
+    # got through when most sends were refused.
+    trace = _run(NginxLimitReq(rate=1, latency=0.05), 60.0, backend)
+    assert _ok_rate(trace, 30, 60) >= 0.9 * 1
+    assert _refused(trace) < 0.25
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_small_stored_burst_is_not_taken_for_a_higher_limit(backend: str) -> None:
     # nginx's limit_req with burst=5 answering 503: held below 10/s it
     # stores a few requests, which a probe spends (a rise); the search up is
