@@ -164,12 +164,12 @@ def _log(*sends: tuple[float, bool]) -> SendLog:
     return log
 
 
-def test_the_log_counts_exactly_and_keeps_three_horizons() -> None:
-    log = _log(*((i / 10, i % 5 != 4) for i in range(50)))
+def test_the_log_counts_exactly_and_keeps_two_horizons_back_from_the_last_acceptance() -> None:
+    log = _log(*((i / 10, i % 5 != 4) for i in range(50)))  # the last, at 4.9, refused
     assert log.measured(3.9, 4.9, accepted=False) == pytest.approx(10.0)
     assert log.measured(3.9, 4.9, accepted=True) == pytest.approx(8.0)
-    assert log.sends[0][0] >= 4.9 - 3.0 - 1e-9  # older than three horizons: forgotten
-    assert log.sends[0][0] <= 4.9 - 3.0 + 0.1
+    assert log.sends[0][0] >= 4.8 - 2.0 - 1e-9  # older than two horizons: forgotten
+    assert log.sends[0][0] <= 4.8 - 2.0 + 0.1
 
 
 def test_the_pace_up_to_the_last_acceptance_counts_two_whole_horizons() -> None:

@@ -49,7 +49,13 @@ class SendLog(SlotState):
             sends.append(entry)
         else:  # answers arrive out of send order
             bisect.insort(sends, entry)
-        oldest = sends[-1][0] - self.horizons * horizon - 2 * latency
+        last = len(sends)
+        while last and not sends[last - 1][1]:
+            last -= 1
+        # Back from the last acceptance: a refusal a gap later must not take
+        # away what the two horizons up to it hold (see :meth:`paced`).
+        newest = sends[last - 1][0] if last else sends[-1][0]
+        oldest = newest - self.horizons * horizon - 2 * latency
         drop = max(bisect.bisect_left(sends, [oldest]), len(sends) - self.kept)
         if drop:
             del sends[:drop]

@@ -47,11 +47,11 @@ class AdaptiveTuning:
     #: Answered sends remembered: above 128/s one request is under 1 % of a
     #: two-horizon count, and the state stays small.
     sends_kept: int = 256
-    #: Horizons of answered sends the log keeps (besides two latencies): a
-    #: count over the two horizons up to the last acceptance reaches back
-    #: that far from a refusal a gap later (nginx at 2 r/s counted a request
-    #: short, 1/s, with two).
-    sends_horizons: float = 3.0
+    #: Horizons of answered sends the log keeps back from the last
+    #: acceptance (besides two latencies): what a probe's edge is counted
+    #: over. Kept back from the last send, a refusal a gap later took one
+    #: away (nginx at 2 r/s was counted at 1/s).
+    sends_horizons: float = 2.0
     #: Seconds over which the scope's own send rate is measured (the rate
     #: never exceeds twice it, so an idle scope earns no burst).
     send_rate_span: float = 1.0
