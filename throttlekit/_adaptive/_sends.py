@@ -49,9 +49,7 @@ class SendLog(SlotState):
             sends.append(entry)
         else:  # answers arrive out of send order
             bisect.insort(sends, entry)
-        last = len(sends)
-        while last and not sends[last - 1][1]:
-            last -= 1
+        last = self._accepted_up_to(len(sends))
         # Back from the last acceptance: a refusal a gap later must not take
         # away what the two horizons up to it hold (see :meth:`paced`).
         newest = sends[last - 1][0] if last else sends[-1][0]
@@ -59,6 +57,13 @@ class SendLog(SlotState):
         drop = max(bisect.bisect_left(sends, [oldest]), len(sends) - self.kept)
         if drop:
             del sends[:drop]
+
+    def _accepted_up_to(self, end: int) -> int:
+        """One past the index of the last acceptance before index ``end`` (0: none)."""
+        sends = self.sends
+        while end and not sends[end - 1][1]:
+            end -= 1
+        return end
 
     def full(self) -> bool:
         """Whether the log is cut short by its size (not by age)."""
@@ -98,9 +103,7 @@ class SendLog(SlotState):
         0 when the log does not reach back two horizons after ``since``.
         """
         sends = self.sends
-        last = bisect.bisect_left(sends, [sent_at])
-        while last and not sends[last - 1][1]:
-            last -= 1
+        last = self._accepted_up_to(bisect.bisect_left(sends, [sent_at]))
         if not last:
             return 0.0
         end = sends[last - 1][0]
