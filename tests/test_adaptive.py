@@ -871,6 +871,20 @@ def test_a_slow_leaky_bucket_is_held_at_its_rate_not_half_of_it(backend: str) ->
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rate", [2.0, 3.0])
+def test_a_leaky_bucket_that_refuses_the_second_request_is_not_held_at_one_per_second(
+    rate: float, backend: str
+) -> None:
+    # nginx at 2 or 3 r/s refuses the opening's second request, sent 0.25 s
+    # after the first: one acceptance in a second read as an edge of 1/s,
+    # held for 10 s and probed up slowly (3 r/s: 63 % of it over the second
+    # half of 40 s). The search goes on in a leaky bucket's steps instead.
+    trace = _run(NginxLimitReq(rate=rate, status=429, latency=0.05), 40.0, backend)
+    assert _ok_rate(trace, 20, 40) >= 0.85 * rate
+    assert _refused(trace) < 0.05
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_slow_limit_answering_503_is_cut_to_what_gets_through(backend: str) -> None:
     # nginx's limit_req at 1 r/s with its default 503: each overload cut
     # took 0.7 of the rate and its own run of errors (16, 3.5, 2.45, 1.7,

@@ -236,6 +236,23 @@ def test_a_window_that_let_a_burst_through_is_not_a_leaky_bucket() -> None:
     assert not spacing.on
 
 
+def test_a_refusal_far_past_a_gap_accepted_is_no_leaky_bucket_at_once() -> None:
+    # nginx at 2 r/s with burst=4: the burst went through at 1/8 s, and the
+    # doubled rate's send 1/16 s after was refused, as a bucket of 8/s would
+    # refuse it; the next refusal, a quarter of a second after an
+    # acceptance, shows no such bucket (it took three, paced at 8/s, before).
+    answers = [(0.0, True), (0.25, True), (0.5, True)]
+    answers += [(0.5 + i * 0.125, True) for i in range(1, 5)] + [(1.0625, False)]
+    spacing, log = _fed(answers)
+    assert spacing.judge(log, 1.1) is Shown.FOUND
+    assert spacing.hi == pytest.approx(0.125)
+    log.count(1.25, accepted=False, horizon=1.0, latency=0.0)
+    spacing.refused(1.25, 1.25)
+    assert spacing.judge(log, 1.3) is Shown.LOST
+    assert not spacing.on
+    assert spacing.least == 0.0
+
+
 def test_a_refusal_is_judged_only_once_what_was_sent_before_it_has_answered() -> None:
     spacing, log = Spacing(Adaptive()), SendLog(TUNING)
     for i in range(6):
@@ -254,7 +271,9 @@ def test_refusals_at_gaps_it_had_accepted_are_a_window_for_good() -> None:
     assert spacing.judge(log, 0.7) is Shown.FOUND
     shown, at = Shown.NOTHING, 0.75
     for _ in range(TUNING.spacing_runs):
-        at += 2 * spacing.hi  # each at a wider pace than the guard widened to
+        at += 1.0
+        log.count(at, accepted=True, horizon=1.0, latency=0.0)
+        at += spacing.hi * (1 + TUNING.spacing_max_guard)  # past the widest guard, not far
         log.count(at, accepted=False, horizon=1.0, latency=0.0)
         spacing.refused(at, at)
         shown = spacing.judge(log, at)

@@ -171,6 +171,12 @@ class Spacing(SlotState):
                 return
             self.on, self.lo, self.hi, self.run = True, gap, min(recent), 0
             self.guard, self.hold = tuning.spacing_guard, self._least_hold(self.hi)
+        elif gap >= self.hi * tuning.spacing_apart:
+            # Refused this far past a gap it accepted: no leaky bucket of
+            # that interval (a bucket with burst, whose burst went through
+            # at short gaps, or a window; never taken for one again).
+            self.on, self.least = False, 0.0
+            return
         elif gap >= self.hi:
             # Refused no sooner than one accepted: the network and the
             # server's clock moved the sends (pace further above the

@@ -10,6 +10,7 @@ from ._edge import set_edge
 from ._inflight import Verdict
 from ._parts import Parts
 from ._phase import Phase
+from ._sends import whole
 from ._spacing import Shown
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def on_throttle(
             loop.cut_at = sent_at
             return
     elif loop.echo(sent_at):
-        _echo(parts, scope, sent_at, now, closed=closed)
+        _echo(parts, scope, sent_at, now, wait, closed=closed)
         return
     # What the server accepted in the horizon before the refused send: those
     # that answered, and (about) those still in flight.
@@ -44,10 +45,11 @@ def on_throttle(
     if in_flight_limit(parts, scope, flying, sent_at, now):
         return
     _note_gap(parts, sent_at, now, wait)
-    if _told_wait(parts, scope, flying, sent_at, now, wait):
+    if _told_wait(parts, scope, flying, sent_at, now, wait) or _second_refused(
+        parts, scope, flying, sent_at, now, wait
+    ):
         return
     tuning = parts.config.tuning
-    latency = parts.concurrency_loop.latency
     flying, slow = _flying_in_horizon(parts, flying)
     sent, edge = _measure(parts, sent_at, flying, slow=slow, recount=not error)
     pause = 0.0
@@ -59,16 +61,68 @@ def on_throttle(
     else:
         closures.open(first=loop.phase is Phase.START and loop.risen_from is None)
         if slow:
-            assert latency is not None
-            loop.refine_at = now + tuning.refine_latencies * latency
-            loop.refine_for, loop.refine_wait, loop.refine_phase = sent_at, wait, loop.phase
-            loop.measure_later(sent, max(edge, tuning.min_estimate), now, wait)
+            _measure_later(parts, sent_at, sent, edge, now, wait)
             return
     if edge <= 0:
         edge = max(min(loop.rate, sent) * parts.config.overload_cut, tuning.min_estimate)
     if set_edge(loop, scope, edge, sent, wait, now, pause, loop.phase):
         parts.errors.new_edge()
     loop.resumed_at = max(now + wait, loop.blocked_until)
+
+
+def _measure_later(
+    parts: Parts, sent_at: float, sent: float, edge: float, now: float, wait: float
+) -> None:
+    """A slow server's refusal: its edge is counted once what was in flight has answered."""
+    loop, tuning = parts.rate_loop, parts.config.tuning
+    latency = parts.concurrency_loop.latency
+    assert latency is not None
+    loop.refine_at = now + tuning.refine_latencies * latency
+    loop.refine_for, loop.refine_wait, loop.refine_phase = sent_at, wait, loop.phase
+    loop.measure_later(sent, max(edge, tuning.min_estimate), now, wait)
+
+
+def _second_refused(
+    parts: Parts, scope: ScopeView, flying: int, sent_at: float, now: float, wait: float
+) -> bool:
+    """Whether the refusal is of the opening's second request; then search on slower.
+
+    Refused before a horizon of sending, with one request accepted in it,
+    and no wait told: a window of one per horizon, or a leaky bucket whose
+    interval is longer than the opening's first gap (nginx's ``rate=3r/s``
+    refuses a request sent 0.25 s after the first). One per horizon is the
+    count, but it is not a bucket's rate, and held as an edge it kept nginx
+    at 2 or 3 r/s near 1/s for half a minute. The search goes on from below
+    it in a leaky bucket's steps, and the next refusal, with a horizon of
+    sending before it, counts the edge (a window of one costs that refusal).
+    """
+    loop, log = parts.rate_loop, parts.log
+    run_at, horizon = parts.closures.run_at, loop.horizon
+    if (
+        wait
+        or loop.leaky
+        or loop.phase is not Phase.START
+        or loop.edge is not None
+        or run_at is None
+        or sent_at - run_at >= horizon
+    ):
+        return False
+    accepted = whole(
+        log.measured(sent_at - horizon, sent_at, accepted=True, extra=flying) * horizon
+    )
+    if accepted != 1:
+        return False
+    loop.leaky = True
+    loop.rate = parts.config.tuning.new_edge_restart / horizon
+    loop.phase_at = loop.cut_at = now
+    loop.say(f"refused after one request: searching up slower, from {loop.rate:.3g}/s")
+    logger.debug(
+        "scope %s: refused after one request, %.3f s into sending: searching up slower from %.3f/s",
+        scope.name,
+        sent_at - run_at,
+        loop.rate,
+    )
+    return True
 
 
 def _flying_in_horizon(parts: Parts, flying: int) -> tuple[int, bool]:
@@ -143,8 +197,12 @@ def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> b
     return True
 
 
-def _echo(parts: Parts, scope: ScopeView, sent_at: float, now: float, *, closed: bool) -> None:
-    """An echo of the last cut measures nothing; if nothing got through since, wait a horizon.
+def _echo(
+    parts: Parts, scope: ScopeView, sent_at: float, now: float, wait: float, *, closed: bool
+) -> None:
+    """An echo of the last cut measures no edge; if nothing got through since, wait a horizon.
+
+    Its gap after the last acceptance tells the leaky bucket's judge all the same.
 
     One sent after that horizon and refused is a knock, as when the server
     closes (a fixed window spent before its end does not let go of sends as
@@ -153,6 +211,7 @@ def _echo(parts: Parts, scope: ScopeView, sent_at: float, now: float, *, closed:
     """
     loop = parts.rate_loop
     horizon = parts.config.tuning.edge_horizon
+    _note_gap(parts, sent_at, now, wait)
     if closed and sent_at >= loop.cut_at + horizon:
         loop.block(now + parts.closures.close(loop.cut_at))
     elif closed:
@@ -249,12 +308,15 @@ def _measure(
         edge = min(edge, two)
     elif loop.phase is Phase.PROBE:
         edge = max(edge, log.paced(sent_at, horizon, loop.resumed_at))
-    elif loop.phase is Phase.CLIMB:
+    elif loop.phase is Phase.CLIMB or (loop.phase is Phase.START and loop.leaky):
         # Climbing evenly after a search was refused at once (a leaky
-        # bucket's sign): the pace it was accepted at is the finer count.
+        # bucket's sign), or searching up in a leaky bucket's steps: the
+        # pace it was accepted at is the finer count (over two horizons
+        # there: a search's few per second are two or three in one).
         fewest = parts.config.tuning.pace_fewest
         paced = log.paced(sent_at, horizon, loop.resumed_at)
-        edge = max(edge, paced, log.pace(sent_at - horizon, sent_at, fewest))
+        span = horizon if loop.phase is Phase.CLIMB else 2 * horizon
+        edge = max(edge, paced, log.pace(sent_at - span, sent_at, fewest))
     return sent, edge
 
 
