@@ -427,6 +427,28 @@ def test_after_a_drop_a_rise_is_probed_for_sooner(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rise", [38.0, 40.0, 50.0])
+def test_after_a_drop_a_rise_is_followed_within_15_s_wherever_it_falls(
+    rise: float, backend: str
+) -> None:
+    # A hold, a probe and a search up (with its refusal's Retry-After: 1)
+    # after the drop: with the whole 10 s hold, a rise that came just after
+    # a failed probe was followed in 16 to 19 s; with half of it, 8 to 14 s.
+    server = QuotaServer(
+        limit=10,
+        window=1.0,
+        sliding=True,
+        retry_after=1,
+        latency=0.05,
+        reject_latency=0.001,
+        changes=((20.0, 5), (rise, 15)),
+    )
+    trace = _run(server, rise + 25.0, backend)
+    assert _time_to(trace, 0.9 * 15, span=2.0) + 2.0 - rise <= 15.0
+    assert _refused(trace) < 0.02
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_long_window_is_learned_from_how_long_the_server_stays_closed(backend: str) -> None:
     # 60 per sliding minute, bare 429s: the first window is spent before the
     # first refusal says anything, and the server then stays closed for a

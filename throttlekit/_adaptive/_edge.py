@@ -37,7 +37,7 @@ def set_edge(
         _climb(loop, scope, sent, now, pause)
         return False
     edge, hold_for, confirmed = _confirm(loop, edge, wait, now, phase)
-    loop.hold_for = _hold(loop, hold_for, wait, now, confirmed=confirmed)
+    loop.hold_for = _hold(loop, edge, hold_for, wait, now, confirmed=confirmed)
     loop.edge, loop.edge_held = edge, confirmed
     loop.target = edge * (1.0 - loop.margin)
     loop.pause_for_excess(sent, edge, now, pause)
@@ -155,22 +155,26 @@ def _climb(loop: RateLoop, scope: ScopeView, sent: float, now: float, pause: flo
     )
 
 
-def _hold(loop: RateLoop, hold_for: float, wait: float, now: float, *, confirmed: bool) -> float:
-    """How long to hold below the edge before probing.
+def _hold(
+    loop: RateLoop, edge: float, hold_for: float, wait: float, now: float, *, confirmed: bool
+) -> float:
+    """How long to hold below ``edge`` before probing.
 
     Longer per confirmation of the same edge, and long enough that a
     probe's cost (one server-imposed wait) stays small; but for a while
-    after the limit moved, every ``hold`` seconds (it may move back). Never
+    after the limit moved, every ``moved_hold`` of ``hold`` seconds (it may
+    move back), and no sooner than ``moved_sends`` sends apart. Never
     shorter than the server's window: a probe before the window has let go
     of the last one's sends would be judged by them. At most ``max_hold``,
     or a few windows of a long one (each of its failed probes costs a
     refusal, and a probe every window would cost one per window).
     """
     config = loop.config
-    longest = max(config.max_hold, config.tuning.long_window_holds * loop.horizon)
+    tuning = config.tuning
+    longest = max(config.max_hold, tuning.long_window_holds * loop.horizon)
     if now - loop.moved_at <= config.max_hold:
-        hold = config.hold
+        hold = max(tuning.moved_hold * config.hold, tuning.moved_sends / edge)
     else:
         hold = min(longest, hold_for * 2) if confirmed else config.hold
-        hold = max(hold, wait / config.tuning.probe_cost)
+        hold = max(hold, wait / tuning.probe_cost)
     return min(longest, max(hold, loop.horizon))

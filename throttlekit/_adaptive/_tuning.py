@@ -113,6 +113,14 @@ class AdaptiveTuning:
     #: Seconds over which a probe counts acceptances (at least; a long window's
     #: horizon if longer): a long window accepts a burst until it fills.
     probe_span: float = 2.0
+    #: For ``max_hold`` after a limit that had held dropped, the hold is this
+    #: share of ``hold`` (it may move back: the hold, a probe and a search up
+    #: must fit in 15 s wherever a rise falls; with the whole hold, up to
+    #: 18.5 s at 5/s with ``Retry-After: 1``, 13.75 s with half)...
+    moved_hold: float = 0.5
+    #: ...but at least this many sends at the edge (each failed probe costs a
+    #: refusal: at 1/s, one in 25 sends for that minute, not one in 8).
+    moved_sends: float = 25.0
     #: Acceptances this share above the edge, and at least ``risen_fewest``
     #: over the span, mean the limit rose.
     risen_share: float = 1.1
