@@ -109,6 +109,17 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
         )
         for nd in (True, False)
     ),
+    # A few per second, and a token bucket's burst there (an API gateway's
+    # "2 per second, burst 4"); a bucket slower than one per second (30r/m).
+    *(
+        _case(
+            f"limit_req {rate:g}r/s{f' burst={b} nodelay' if b else ''}, 429",
+            "burst" if b else "limit_req",
+            rate,
+            NginxLimitReq(rate=rate, burst=b, nodelay=bool(b), status=429, latency=0.05),
+        )
+        for rate, b in ((3.0, 0), (0.5, 0), (2.0, 4), (5.0, 5))
+    ),
     *(
         _case(
             f"limit_conn {n} x {lat:g} s",
