@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -89,11 +90,50 @@ class Instance:
         return f"http://127.0.0.1:{self.port}"
 
 
+#: Where Linux takes the source ports of outgoing connections from. A port
+#: that a bind to port 0 found free comes from the same range, and another
+#: socket (a client's connection) may take it before the server binds it
+#: ("address already in use"), so servers get ports below that range.
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: The lowest port handed out, and the fewest ports that must lie between it
+#: and the ephemeral range for a random pick there.
+LOWEST_PORT = 10_000
+FEWEST_PORTS = 1_000
+#: Random picks tried before falling back to the kernel's (port 0).
+PORT_TRIES = 100
+
+_handed: set[int] = set()  # ports this process handed out (not yet bound, maybe)
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on, below the ephemeral range if it can."""
+    top = _ephemeral_low()
+    for _ in range(PORT_TRIES if top - LOWEST_PORT >= FEWEST_PORTS else 0):
+        port = random.randrange(LOWEST_PORT, top)
+        if port not in _handed and _bindable(port):
+            _handed.add(port)
+            return port
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        found: int = probe.getsockname()[1]
+        return found
+
+
+def _ephemeral_low() -> int:
+    """The lowest ephemeral port (Linux's default, 32768, where it cannot be read)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _executable(name: str) -> str | None:
