@@ -10,7 +10,6 @@ from ._edge import set_edge
 from ._inflight import Verdict
 from ._parts import Parts
 from ._phase import Phase
-from ._sends import whole
 from ._spacing import Shown
 
 if TYPE_CHECKING:
@@ -107,10 +106,7 @@ def _second_refused(
         or sent_at - run_at >= horizon
     ):
         return False
-    accepted = whole(
-        log.measured(sent_at - horizon, sent_at, accepted=True, extra=flying) * horizon
-    )
-    if accepted != 1:
+    if len(log.accepted_between(sent_at - horizon, sent_at)) + flying != 1:
         return False
     loop.leaky = True
     loop.rate = parts.config.tuning.new_edge_restart / horizon
