@@ -481,15 +481,23 @@ class FrameworkLimiter:
             accepted = window.hit(now)
             latency = self.latency if accepted else self.reject_latency
             reset, remaining = window.stats(now)
-            headers = self._headers(reset - (now + latency), remaining, refused=not accepted)
+            headers = self._headers(reset - now, latency, remaining, refused=not accepted)
             if accepted:
                 return SimResponse(status=200, latency=latency, headers=headers, size=self.size)
             return SimResponse(status=self.status, latency=latency, headers=headers)
 
         return respond
 
-    def _headers(self, reset_in: float, remaining: int, *, refused: bool) -> dict[str, str]:
-        """The headers of an answer ``reset_in`` seconds before the window's reset."""
+    def _headers(
+        self, reset_in: float, latency: float, remaining: int, *, refused: bool
+    ) -> dict[str, str]:
+        """The headers of a request that arrived ``reset_in`` seconds before the window's reset.
+
+        The stated reset is the wall clock's when the request arrived plus
+        ``reset_in``: right however fast the clock runs against the
+        simulation's. ``Retry-After`` counts from the answer, ``latency``
+        later.
+        """
         if not self.headers:
             return {}
         wall = self.clock()
@@ -502,5 +510,5 @@ class FrameworkLimiter:
             "X-RateLimit-Reset": str(stated),
         }
         if refused or self.retry_after_on_every_response:
-            headers["Retry-After"] = str(int(stated - wall))
+            headers["Retry-After"] = str(int(stated - wall - latency))
         return headers
