@@ -937,3 +937,43 @@ def test_refused_knocks_stay_within_their_share_of_the_answers() -> None:
         state.on_feedback(ledger, Feedback(status=200, sent_at=now, rate_limit=fresh), now)
         answers += 2 + (knock_at < now)
     assert 2 <= refused <= 2 + 0.01 * answers < 5
+
+
+@pytest.mark.parametrize("knock", [False, True])
+def test_a_reset_already_past_holds_in_flight_to_what_remained(knock: bool) -> None:
+    # An epoch reset rounded down (Flask-Limiter's int(reset + 1)) is often
+    # past when the answer comes: what remained then is all that is known, so
+    # the scope keeps that many in flight (at least one) until the next
+    # answer, instead of letting every sender go at once.
+    ledger = _backoff_ledger(knock=knock)
+    state = ledger.controllers[0]
+    past = _info(remaining=1, limit=10, reset=0.0, source="x-ratelimit")
+    state.on_feedback(ledger, Feedback(status=200, sent_at=0.0, rate_limit=past), 0.05)
+    state.on_send(ledger, 0.06)
+    ledger.refresh()
+    assert ledger.concurrency == 1  # (the policy's 4 before)
+    fresh = _info(remaining=3, limit=10, reset=0.9, source="x-ratelimit")
+    state.on_feedback(ledger, Feedback(status=200, sent_at=0.06, rate_limit=fresh), 0.1)
+    ledger.refresh()
+    assert ledger.concurrency == 3
+
+
+def test_a_quota_whose_resets_are_a_second_or_two_in_whole_seconds_is_set_aside() -> None:
+    # Flask-Limiter's moving window of 10/s states its reset as an integer
+    # epoch: one to two seconds away, late by a share that changes every
+    # window. No lead fits; the knock's scope keeps only Retry-After (the
+    # rate loop paces), while a minute's window in whole seconds is obeyed.
+    for reset, blocked in ((1.6, False), (30.0, True)):
+        ledger = _backoff_ledger(knock=True)
+        state = ledger.controllers[0]
+        spent = _spent(reset, reset_step=1.0)
+        state.on_feedback(ledger, Feedback(status=200, sent_at=0.0, rate_limit=spent), 0.0)
+        ledger.refresh()
+        assert (ledger.blocked_until > 0.0) is blocked, reset
+        assert (ledger.concurrency == 1) is blocked
+    ledger = _backoff_ledger(knock=True)
+    state = ledger.controllers[0]
+    refusal = _spent(1.6, reset_step=1.0, retry_after=1.0)
+    state.on_feedback(ledger, Feedback(status=429, sent_at=0.0, rate_limit=refusal), 0.0)
+    ledger.refresh()
+    assert ledger.blocked_until == pytest.approx(1.0)  # a refusal's own wait still counts

@@ -37,9 +37,12 @@ def http_date(offset: float) -> str:
     return formatdate(NOW + offset, usegmt=True)
 
 
-#: The attributes every parse case compares (``interval`` and ``budgets`` only when given).
+#: The attributes every parse case compares (``interval`` and ``budgets`` only when given;
+#: ``reset_step`` has its own test).
 COMPARED = [
-    name for name in attrs.fields_dict(RateLimitInfo) if name not in ("interval", "budgets")
+    name
+    for name in attrs.fields_dict(RateLimitInfo)
+    if name not in ("interval", "budgets", "reset_step")
 ]
 
 
@@ -1828,6 +1831,10 @@ def test_x_ratelimit_reset_in_every_form(delay: float, form: str) -> None:
         value, expected = str(int((NOW + delay) * 1000)), int((NOW + delay) * 1000) / 1000 - NOW
     info = parse({"X-RateLimit-Reset": value}, now=NOW, max_delay=1e6)
     assert info.reset == pytest.approx(max(0.0, expected), abs=1e-3)
+    # How finely an epoch was stated: whole seconds (Flask-Limiter's integer
+    # epoch) may be up to a second after the real reset.
+    steps = {"epoch": 1.0, "epoch-float": 0.001, "epoch-ms": 0.001}
+    assert info.reset_step == steps.get(form)
 
 
 @settings(deadline=None)

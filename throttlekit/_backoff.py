@@ -12,7 +12,7 @@ import attrs
 
 from ._checks import below_one, check_number, normalize_jitter, positive
 from ._controller import OUTCOMES, SlotState, remember_outcome
-from ._knock import KNOCK_WITHIN, Knock
+from ._knock import KNOCK_WITHIN, Knock, longest_reset, paced_by
 
 if TYPE_CHECKING:
     from ._controller import Feedback, ScopeView
@@ -437,6 +437,8 @@ class BackoffState(SlotState):
             if knock.answered(feedback.sent_at, now, accepted=status is not None and status < 400):
                 self._cap, self._cap_until = None, -INF  # the window came back early: a new one
             if info is not None:
+                knock.longest = longest_reset(info, knock.longest)
+                info = paced_by(info, knock.longest)
                 self._apply_headers(scope, info, knock.wait(info, now), now)
             self._knock = knock.state()
         elif info is not None:
@@ -634,7 +636,12 @@ class BackoffState(SlotState):
             self._pace_delay = min(pace, max_delay)
             self._pace_until = now + min(info.reset or 0.0, max_delay)
         remaining, reset = info.remaining, info.reset
-        if remaining is not None and reset is not None and reset > 0:
+        if remaining is not None and reset == 0.0:
+            # A reset already past when the answer came (an epoch rounded down,
+            # a late answer, a server clock behind ours): what remained then
+            # is all that is known until the next answer says more.
+            self._cap, self._cap_next, self._cap_until = max(1, int(remaining)), None, -INF
+        elif remaining is not None and reset is not None and reset > 0:
             # Never more in flight than the server said remains, until its
             # reset. Responses answered together arrive in any order, so within
             # one reset the smallest remaining counts.

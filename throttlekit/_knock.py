@@ -14,6 +14,13 @@ one is refused (``bad``; its ``Retry-After`` is then honoured in full), by
 halving the leads still unknown. No lead at or above a refused one is tried
 again, so a server that states its resets honestly costs a few refusals
 once, and the knock then stays at a lead every answer allowed.
+
+A reset stated in whole seconds (Flask-Limiter's integer epoch) is up to a
+second later than the real one, by a share that changes from window to
+window: no lead fits it. Where every reset a scope has seen is a few such
+steps away (a window of a second or two), it is too coarse to pace by, and
+the headers' quota is set aside (:func:`coarse`): the answers' refusals then
+teach Adaptive's rate loop, as if the server sent no quota at all.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ if TYPE_CHECKING:
     from .headers import RateLimitInfo
 
 __all__ = [
+    "COARSE_STEPS",
     "DE_FACTO_SOURCES",
     "KNOCK_FIRST",
     "KNOCK_FREE_REFUSALS",
@@ -32,6 +40,9 @@ __all__ = [
     "KNOCK_RESOLUTION",
     "KNOCK_WITHIN",
     "Knock",
+    "coarse",
+    "longest_reset",
+    "paced_by",
 ]
 
 INF = math.inf
@@ -39,6 +50,13 @@ INF = math.inf
 #: Header families whose reset is a convention of the frameworks, not the
 #: RateLimit draft's ``t`` (which a client obeys as the server's word).
 DE_FACTO_SOURCES = frozenset({"x-ratelimit"})
+#: A de-facto reset stated in steps (whole seconds) is too coarse to pace by
+#: while the longest reset the scope has seen is under this many steps: its
+#: rounding then costs a quarter or more of each window (a second's window
+#: stated in whole seconds: waits a second or two), where the rate loop paces
+#: within a few percent of the limit. A window of 4 s or more is paced by its
+#: resets (a fixed window is best spent at its start, then waited out).
+COARSE_STEPS = 4.0
 #: Knock only before resets at most this many seconds away. Below it a reset
 #: (often whole seconds, rounded up, or a second late) is too coarse to pace
 #: by; above it a scope is paced over the window (``MIN_PACE_RESET``, the same
@@ -59,6 +77,30 @@ KNOCK_REFUSALS = 0.01
 KNOCK_FREE_REFUSALS = 2.0
 
 
+def longest_reset(info: RateLimitInfo, longest: float) -> float:
+    """The longest de-facto reset seen, ``longest`` until now, with ``info``'s."""
+    if info.reset is None or info.source not in DE_FACTO_SOURCES:
+        return longest
+    return max(longest, info.reset)
+
+
+def coarse(info: RateLimitInfo, longest: float) -> bool:
+    """Whether ``info``'s quota is too coarse to pace by (see :data:`COARSE_STEPS`).
+
+    ``longest`` is the longest de-facto reset the scope has seen, ``info``'s
+    included (:func:`longest_reset`).
+    """
+    step = info.reset_step
+    return step is not None and info.source in DE_FACTO_SOURCES and longest < COARSE_STEPS * step
+
+
+def paced_by(info: RateLimitInfo, longest: float) -> RateLimitInfo:
+    """What of ``info`` paces the scope: all of it, or only its ``Retry-After`` when coarse."""
+    if not coarse(info, longest):
+        return info
+    return type(info)(retry_after=info.retry_after)
+
+
 class Knock:
     """What the knocks before one scope's late resets have shown (plain data).
 
@@ -67,12 +109,24 @@ class Knock:
     ``lead`` the lead of the knock under way, sent at or after ``at``;
     ``answers`` counts the scope's answers, ``refused`` its refused knocks;
     ``opened`` is when the quota was last seen back after it was spent
-    (``spent`` 1 since it was spent, 0 once back).
+    (``spent`` 1 since it was spent, 0 once back); ``longest`` is the
+    longest de-facto reset seen (:func:`longest_reset`).
     """
 
     #: The fields in the order of the plain state, and their values before any answer.
-    FIELDS = ("good", "bad", "step", "lead", "at", "answers", "refused", "opened", "spent")
-    FRESH = (0.0, INF, 0.0, 0.0, INF, 0.0, 0.0, INF, 1.0)  # opened: not seen yet
+    FIELDS = (
+        "good",
+        "bad",
+        "step",
+        "lead",
+        "at",
+        "answers",
+        "refused",
+        "opened",
+        "spent",
+        "longest",
+    )
+    FRESH = (0.0, INF, 0.0, 0.0, INF, 0.0, 0.0, INF, 1.0, 0.0)  # opened: not seen yet
 
     __slots__ = FIELDS
     good: float
@@ -84,6 +138,7 @@ class Knock:
     refused: float
     opened: float
     spent: float
+    longest: float
 
     def __init__(self, state: list[float] | None = None) -> None:
         for name, value in zip(self.FIELDS, state or self.FRESH, strict=True):

@@ -429,6 +429,12 @@ class RateLimitInfo:
     :ivar budgets: every named budget the response reported, each a
         :class:`RateLimitInfo` with its :attr:`budget` set; empty for the
         families that report a single unnamed quota.
+    :ivar reset_step: the resolution of a reset stated as an epoch time, for
+        the ``X-RateLimit-*`` family: ``1.0`` for whole seconds (an integer
+        epoch such as Flask-Limiter's, up to a second after the real reset by
+        a share that changes with the moment), ``0.001`` for epoch
+        milliseconds, ``10**-d`` for ``d`` decimals; ``None`` for a delay in
+        seconds or a date.
 
     Example::
 
@@ -452,6 +458,7 @@ class RateLimitInfo:
     budgets: tuple[RateLimitInfo, ...] = attrs.field(
         default=(), converter=_as_tuple, validator=_check_budgets
     )
+    reset_step: float | None = attrs.field(default=None, validator=_check_delay)
 
     def wait(self) -> float | None:
         """Return the minimum wait, in seconds, that the server asks for now.
@@ -1502,7 +1509,35 @@ def _x_ratelimit_quota(
     resets.extend(number for value in fields.get(_X_RESET_AFTER, ()) for number in _numbers(value))
     limits = [_limit_and_window(value) for name in _X_LIMIT for value in fields.get(name, ())]
     used = [number for value in fields.get(_X_USED, ()) for number in _numbers(value)]
-    return _quota("x-ratelimit", remaining, resets, limits, used, max_delay)
+    quota = _quota("x-ratelimit", remaining, resets, limits, used, max_delay)
+    steps = [
+        _number_step(member)
+        for name in (*_X_RESET, _X_RESET_AFTER)
+        for value in fields.get(name, ())
+        for member in _members(value)
+    ]
+    known = [step for step in steps if step is not None]
+    if quota is None or quota.reset is None or not known:
+        return quota
+    return attrs.evolve(quota, reset_step=max(known))
+
+
+def _number_step(text: str) -> float | None:
+    """The resolution of an epoch time: ``1.0`` for ``1700000000``, ``0.01`` for ``…000.25``.
+
+    An integer above 1e12 is epoch milliseconds (``0.001``). A delay in
+    seconds, or text that is not a plain number (a date), gives ``None``:
+    only an epoch is rounded against the wall clock, so that how late it is
+    changes with the moment it was stated.
+    """
+    number_text = text.partition(";")[0].strip(_OWS)
+    number = _number(number_text)
+    if number is None or number <= 1e9:
+        return None
+    _, point, decimals = number_text.partition(".")
+    if point:
+        return 10.0 ** -len(decimals) if decimals else 1.0
+    return 0.001 if number > 1e12 else 1.0
 
 
 def _budget_family(

@@ -43,6 +43,7 @@ class RateLoop(SlotState):
         "hold_for",
         "horizon",
         "leaky",
+        "longest_reset",
         "margin",
         "moved_at",
         "phase",
@@ -85,6 +86,7 @@ class RateLoop(SlotState):
         self.blocked_until = -INF
         self.headers_short = False  # refused with quota left: the headers miss a limit
         self.leaky = False  # a search up was refused at once: a leaky bucket's sign
+        self.longest_reset = 0.0  # the longest de-facto reset seen (its headers' scale)
         # When to measure the edge again, for a refusal sent at refine_for:
         # once the requests in flight then have answered (a slow server's).
         self.refine_at = INF

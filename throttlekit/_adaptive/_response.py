@@ -53,16 +53,17 @@ def classify(feedback: Feedback) -> Kind:
     return Kind.OK
 
 
-def quota_spent(feedback: Feedback, remaining: float | None) -> bool:
+def quota_spent(feedback: Feedback, remaining: float | None, budgets: bool = True) -> bool:
     """Whether the response says a quota is used up (which explains a refusal).
 
     The scope's own view (``remaining``) leaves out the budgets other scopes
     track (a token budget routed to its own scope, say), so when it has quota
-    left every budget the headers report is looked at.
+    left every budget the headers report is looked at (unless ``budgets`` is
+    false: the scope set the headers' quota aside).
     """
     if remaining is not None and remaining <= 0:
         return True
-    if feedback.headers is None:
+    if not budgets or feedback.headers is None:
         return False
     # (``now`` only places dated resets; one reading of the answer, as every controller's)
     info = parse(feedback.headers, now=0.0, status=feedback.status)

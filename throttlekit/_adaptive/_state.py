@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from .._backoff import stated_pace
+from .._knock import longest_reset, paced_by
 from ._advance import advance
 from ._overload import on_error
 from ._parts import Parts
@@ -15,6 +16,7 @@ from ._throttle import judge_spacing, on_throttle, refine
 
 if TYPE_CHECKING:
     from .._controller import Feedback, ScopeView
+    from ..headers import RateLimitInfo
 
 __all__ = ["AdaptiveState"]
 
@@ -86,7 +88,10 @@ class AdaptiveState(Parts):
             loop.resumed_at = sent_at
         kind = classify(feedback)
         info = feedback.rate_limit
-        unexplained = self._read_quota(scope, feedback, kind, now)
+        if info is not None:
+            loop.longest_reset = longest_reset(info, loop.longest_reset)
+            info = paced_by(info, loop.longest_reset)
+        unexplained = self._read_quota(scope, feedback, info, kind, now)
         latency = self.concurrency_loop.latency or 0.0
         self.log.count(sent_at, accepted=kind is Kind.OK, horizon=loop.horizon, latency=latency)
         self.concurrency_loop.hang(
@@ -119,16 +124,25 @@ class AdaptiveState(Parts):
         if loop.horizon > self.config.tuning.edge_horizon and loop.holding():
             loop.keep_window(scope, self.log)
 
-    def _read_quota(self, scope: ScopeView, feedback: Feedback, kind: Kind, now: float) -> bool:
+    def _read_quota(
+        self,
+        scope: ScopeView,
+        feedback: Feedback,
+        info: RateLimitInfo | None,
+        kind: Kind,
+        now: float,
+    ) -> bool:
         """Read a quota the headers count; whether this is a refusal they do not explain.
 
-        A refusal with quota left (or none counted) is a limit the headers
-        do not show: from then on the rate loop finds it.
+        ``info`` is what of the headers paces the scope (a quota too coarse
+        to pace by is set aside: :func:`~throttlekit._knock.paced_by`). A
+        refusal with quota left (or none counted) is a limit the headers do
+        not show: from then on the rate loop finds it.
         """
         loop = self.rate_loop
-        info = feedback.rate_limit
         remaining = info.remaining if info is not None else None
-        unexplained = kind is Kind.THROTTLE and not quota_spent(feedback, remaining)
+        counted = info is feedback.rate_limit  # (not set aside: its other budgets count too)
+        unexplained = kind is Kind.THROTTLE and not quota_spent(feedback, remaining, counted)
         if unexplained:
             loop.headers_short = True
         elif (
