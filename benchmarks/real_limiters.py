@@ -16,6 +16,10 @@ temporary directory (never a system service; see
   ``sc_http_req_rate(0) gt 10``;
 * the ``limits`` library's moving window, 10 per second, with the headers
   slowapi sends on every response (``X-RateLimit-*``, ``Retry-After: 1``);
+* the same moving window with the headers Flask-Limiter sends: its
+  ``X-RateLimit-Reset`` an integer epoch (``int(reset + 1)``), so the stated
+  reset is one to two seconds after the real one, by a share that changes
+  from window to window;
 * the ``limits`` library's fixed window, 60 per minute, opening at the first
   request, with the headers Flask-Limiter sends on every response
   (``Retry-After`` = the seconds left in the window).
@@ -141,6 +145,15 @@ LIMITERS: tuple[RealLimiter, ...] = (
         "limits moving window",
         "moving",
         "10/second, slowapi's X-RateLimit-* and Retry-After: 1 on every response",
+        10.0,
+        {"rate": 10.0},
+        RUN_SECONDS,
+    ),
+    RealLimiter(
+        "Flask-Limiter moving window",
+        "moving-int",
+        "10/second, Flask-Limiter's X-RateLimit-* (an integer epoch reset) and Retry-After on "
+        "every response",
         10.0,
         {"rate": 10.0},
         RUN_SECONDS,

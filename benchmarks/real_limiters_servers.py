@@ -40,6 +40,7 @@ KINDS = {
     "limit_conn": "nginx",
     "haproxy": "haproxy",
     "moving": "python",
+    "moving-int": "python",
     "fixed": "python",
 }
 

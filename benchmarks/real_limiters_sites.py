@@ -9,6 +9,8 @@ limiter, ``"limit"`` (a ``limits`` rate string such as ``"10/second"``):
   slowapi sends when its headers are on, on every response: ``X-RateLimit-Limit``,
   ``X-RateLimit-Remaining``, ``X-RateLimit-Reset`` (``1 + reset``, a float
   epoch) and ``Retry-After`` (``int(1 + reset - now)``);
+* ``"moving-int"``: the same moving window with Flask-Limiter's headers (as
+  ``"fixed"`` below: an integer epoch reset, up to a second after the real one);
 * ``"fixed"``: the ``limits`` library's fixed window (on its memory storage
   it opens at the first request), with the headers Flask-Limiter sends:
   ``X-RateLimit-Reset`` is ``int(reset + 1)`` (an integer epoch) and
@@ -43,7 +45,8 @@ def _limiter_app(site: dict[str, Any], log: IO[str]) -> Any:
 
     item = parse(site["limit"])
     storage = MemoryStorage()
-    moving = site["kind"] == "moving"
+    moving = site["kind"] in ("moving", "moving-int")
+    exact = site["kind"] == "moving"  # slowapi's float reset, not Flask-Limiter's integer one
     limiter = MovingWindowRateLimiter(storage) if moving else FixedWindowRateLimiter(storage)
 
     async def handle(request: web.Request) -> web.Response:
@@ -51,7 +54,7 @@ def _limiter_app(site: dict[str, Any], log: IO[str]) -> Any:
         accepted = limiter.hit(item, "client")
         reset_time, remaining = limiter.get_window_stats(item, "client")
         # slowapi states 1 + reset as it is; Flask-Limiter rounds it down to an int.
-        stated: float = 1 + reset_time if moving else int(reset_time + 1)
+        stated: float = 1 + reset_time if exact else int(reset_time + 1)
         retry_after = int(stated - time.time())
         headers = {
             "X-RateLimit-Limit": str(item.amount),

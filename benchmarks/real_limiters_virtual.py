@@ -56,6 +56,7 @@ MODELS: dict[str, ServerModel] = {
     "limit_conn": NginxLimitConn(limit=4, latency=ORIGIN_DELAY),
     "haproxy": HAProxyRate(limit=10, latency=STATIC_LATENCY),
     "moving": FrameworkLimiter(limit=10, window=1.0, reset_format="float", latency=STATIC_LATENCY),
+    "moving-int": FrameworkLimiter(limit=10, window=1.0, latency=STATIC_LATENCY),
     "fixed": FrameworkLimiter(limit=60, window=60.0, strategy="fixed", latency=STATIC_LATENCY),
 }
 
