@@ -447,8 +447,29 @@ def test_errors_as_many_held_lower_are_random_and_reset_the_margin() -> None:
 
 def test_a_closed_server_is_waited_for_longer_each_time_up_to_the_longest_hold() -> None:
     closures = Closures(TUNING, max_wait=60.0)
-    assert [closures.close(5.0) for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert [closures.close(5.0, 5.0) for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
     assert closures.closed_at == 5.0
+
+
+def test_a_closed_server_is_knocked_on_just_after_round_windows_since_the_run_began() -> None:
+    # A fixed 10 s window spent in its first 1.7 s: knocks at 2.7, 5.1, 10.2
+    # and 15.3 s (doubled waits knock at 2.7, 3.7, 5.7, 9.7 and 17.7 s, and
+    # read it as 17.7 s long: 57 % of its rate).
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.begin(0.0)
+    knocks, now = [], 1.7
+    for _ in range(4):
+        now += closures.close(1.7, now)
+        knocks.append(round(now, 2))
+    assert knocks == [2.7, 5.1, 10.2, 15.3]
+    # One accepted after a round knock reopens the server (after a doubled
+    # wait, only once two knocks were refused).
+    assert closures.accepted(10.2, cut_at=1.7)
+    # A run that began long ago keeps the doubled waits: its round windows
+    # are too far apart to say where a window ends.
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.begin(0.0)
+    assert [closures.close(130.0, 130.0 + t) for t in (0.0, 1.0, 3.0)] == [1, 2, 4]
 
 
 def test_closed_longer_than_it_was_open_is_a_long_window() -> None:
@@ -456,7 +477,7 @@ def test_closed_longer_than_it_was_open_is_a_long_window() -> None:
     closures.begin(0.0)
     for sent_at in range(30):
         closures.accepted(float(sent_at), cut_at=-math.inf)
-    closures.close(10.0)
+    closures.close(10.0, 10.0)
     assert closures.long_window(50.0) == (50.0, 29)  # closed 40 s after 10 s open
     assert (closures.run_at, closures.run_ok) == (50.0, 1)
 
@@ -464,7 +485,7 @@ def test_closed_longer_than_it_was_open_is_a_long_window() -> None:
 def test_closed_briefly_after_a_held_limit_is_not_a_long_window() -> None:
     closures = Closures(TUNING, max_wait=60.0)
     closures.begin(0.0)
-    closures.close(40.0)
+    closures.close(40.0, 40.0)
     assert closures.long_window(45.0) is None
 
 

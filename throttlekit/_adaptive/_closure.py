@@ -28,6 +28,7 @@ class Closures(SlotState):
         "empty",
         "max_wait",
         "ok_since_cut",
+        "rounded",
         "run_at",
         "run_ok",
         "told_wait",
@@ -44,6 +45,7 @@ class Closures(SlotState):
         self.closed_at = -INF  # when the server last closed (refusing through pauses)
         self.ok_since_cut = 0  # accepted since the last cut
         self.cut_first = False  # whether the last cut was the first limit a search up met
+        self.rounded = False  # whether the last knock went just after a round window
         # After a refusal that told to wait longer than the run had been open:
         # [when the run began, what it got accepted, when the wait ended].
         self.told_wait: list[float] | None = None
@@ -63,7 +65,7 @@ class Closures(SlotState):
             self.run_ok += 1
         if sent_at > cut_at:
             self.ok_since_cut += 1
-            return self.empty >= 2
+            return self.empty >= 2 or (self.empty > 0 and self.rounded)
         return False
 
     def closed_since(self, cut_at: float) -> bool:
@@ -78,12 +80,30 @@ class Closures(SlotState):
         """A told wait proved a long window: count from a cut now, the server open."""
         self.ok_since_cut = self.empty = 0
 
-    def close(self, cut_at: float) -> float:
-        """Nothing accepted since the cut at ``cut_at``: how long to wait before knocking."""
+    def close(self, cut_at: float, now: float) -> float:
+        """Nothing accepted since the cut at ``cut_at``: how long to wait before knocking.
+
+        The wait doubles per knock; it moves to just after a round window
+        since the run began (:attr:`~throttlekit.AdaptiveTuning.round_windows`),
+        where most windows free up, when one is within a factor of
+        ``round_stretch`` of it.
+        """
+        tuning = self.tuning
         if not self.empty:
             self.closed_at = cut_at
         self.empty += 1
-        return min(self.max_wait, self.tuning.closed_wait * 2.0**self.empty)
+        doubled = min(self.max_wait, tuning.closed_wait * 2.0**self.empty)
+        self.rounded = False
+        if self.run_at is None:
+            return doubled
+        stretch = tuning.round_stretch
+        soonest = max(tuning.closed_wait, doubled / stretch)
+        for window in tuning.round_windows:
+            wait = self.run_at + window * (1.0 + tuning.round_margin) - now
+            if wait >= soonest:
+                self.rounded = wait <= stretch * doubled
+                return wait if self.rounded else doubled
+        return doubled
 
     def open(self, *, first: bool = False) -> None:
         """The cut came with acceptances since the last: the server is open."""

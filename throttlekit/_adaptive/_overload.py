@@ -101,7 +101,7 @@ def cut_for_overload(parts: Parts, scope: ScopeView, now: float) -> None:
     loop.overload(sent, got, now)
     closures.cut()
     if closed:  # (a long window's limit spent, or a server down)
-        loop.block(now + closures.close(loop.cut_at))
+        loop.block(now + closures.close(loop.cut_at, now))
     else:
         closures.open()
     concurrency.cut(config.overload_cut, scope.in_flight)

@@ -55,7 +55,7 @@ def on_throttle(
     loop.cut_at = now
     closures.cut()
     if closed:
-        pause = closures.close(loop.cut_at)
+        pause = closures.close(loop.cut_at, now)
         edge = min(edge, (loop.edge or edge) * parts.config.overload_cut)
     else:
         closures.open(first=loop.phase is Phase.START and loop.risen_from is None)
@@ -66,6 +66,8 @@ def on_throttle(
         edge = max(min(loop.rate, sent) * parts.config.overload_cut, tuning.min_estimate)
     if set_edge(loop, scope, edge, sent, wait, now, pause, loop.phase):
         parts.errors.new_edge()
+    if pause:  # (closed: the knock goes when the pause ends, not later at the rate cut)
+        loop.rate = max(loop.rate, 1.0 / pause)
     loop.resumed_at = max(now + wait, loop.blocked_until)
 
 
@@ -209,7 +211,7 @@ def _echo(
     horizon = parts.config.tuning.edge_horizon
     _note_gap(parts, sent_at, now, wait)
     if closed and sent_at >= loop.cut_at + horizon:
-        loop.block(now + parts.closures.close(loop.cut_at))
+        loop.block(now + parts.closures.close(loop.cut_at, now))
     elif closed:
         loop.block(loop.cut_at + horizon)
     else:

@@ -169,6 +169,21 @@ class AdaptiveTuning:
     # -- closed servers --------------------------------------------------------------
     #: The first wait after a knock is refused (seconds); it doubles per knock.
     closed_wait: float = 0.5
+    #: The windows limits are set in (seconds): a window that opens at its
+    #: first request (a fixed window on ``limits``' storages, HAProxy's
+    #: periods) or lets go of it after its length (a sliding one) frees up
+    #: that long after the run began. A closed server is knocked on just
+    #: after the next of these since the run began, instead of after a
+    #: doubled wait: knocks at 2.7, 3.7, 5.7, 9.7 and 17.7 s read a fixed
+    #: 10 s window as 17.7 s long (57 % of its rate); at 5 and 10.2 s, as 10.2 s.
+    round_windows: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+    #: ...that share of the window after it (a clock's or a network's
+    #: difference; the window read is as much longer, its rate as much lower).
+    round_margin: float = 0.02
+    #: ...when that is within this factor of the doubled wait: knocks keep
+    #: their pace, and a run that began long ago (before a ban, a limit that
+    #: moved), whose round windows are far apart, keeps the doubled waits.
+    round_stretch: float = 2.5
 
     # -- errors ----------------------------------------------------------------------
     #: Fewest outcomes before the overload share is judged.
