@@ -15,9 +15,9 @@ halving the leads still unknown. No lead at or above a refused one is tried
 again, so a server that states its resets honestly costs a few refusals
 once, and the knock then stays at a lead every answer allowed.
 
-A reset stated in whole seconds (Flask-Limiter's integer epoch) is up to a
-second later than the real one, by a share that changes from window to
-window: no lead fits it. Where every reset a scope has seen is a few such
+A reset stated as an integer epoch (Flask-Limiter's) is up to a second
+later than the real one, by a share that changes with the moment it was
+stated: no lead fits it. Where every reset a scope has seen is a few such
 steps away (a window of a second or two), it is too coarse to pace by, and
 the headers' quota is set aside (:func:`coarse`): the answers' refusals then
 teach Adaptive's rate loop, as if the server sent no quota at all.
@@ -141,7 +141,10 @@ class Knock:
     longest: float
 
     def __init__(self, state: list[float] | None = None) -> None:
-        for name, value in zip(self.FIELDS, state or self.FRESH, strict=True):
+        # (A state written by an older version, shared through Redis, lacks
+        # the fields added since: they start fresh.)
+        values = [*(state or ()), *self.FRESH[len(state or ()) :]]
+        for name, value in zip(self.FIELDS, values, strict=True):
             setattr(self, name, value)
 
     def state(self) -> list[float]:
