@@ -150,6 +150,7 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
         )
         for strategy, n, w in (
             ("moving", 5, 1.0),
+            ("fixed", 20, 5.0),
             ("fixed", 10, 10.0),
             ("sliding", 10, 1.0),
             ("fixed", 100, 60.0),

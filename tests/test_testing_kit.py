@@ -31,6 +31,7 @@ from throttlekit.testing import (
     CDNServer,
     FixedServer,
     FlakyServer,
+    FrameworkLimiter,
     PolicyViolation,
     QuotaServer,
     SimRequest,
@@ -321,6 +322,41 @@ def test_runs_are_deterministic_for_a_seed() -> None:
 
     assert run(7) == run(7)
     assert run(7) != run(8)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_wall_clock_runs_with_the_virtual_time(backend: Any) -> None:
+    # A framework's epoch reset is stated on the simulation's wall clock,
+    # which shows wall_epoch at virtual time 0 and moves on with it; the
+    # limiter reads the resets against the same clock. So an integer epoch
+    # is rounded at every phase in turn, the same in every run.
+    server = FrameworkLimiter(limit=2, window=1.0, strategy="fixed", latency=0.0)
+    policy = ScopePolicy(concurrency=1, delay=0.25, slot_delay=0.0)
+
+    def run(epoch: float | None) -> Any:
+        return simulate(
+            policy, server, burst("https://a.test/{i}", 12), wall_epoch=epoch, backend=backend
+        )
+
+    trace = run(1_000_000_000.25)
+    assert trace.wall(2.0) == 1_000_000_002.25
+    for record in trace.requests:
+        assert record.sent is not None
+        stated = int(record.headers["X-RateLimit-Reset"])
+        # The window opened by the request (or before it) plus the late second, rounded down.
+        assert 1_000_000_000.25 + record.sent <= stated <= 1_000_000_000.25 + record.sent + 2.0
+
+    def answers(trace: Trace) -> list[tuple[Any, ...]]:  # (trio orders equal instants at random)
+        return sorted((r.sent, sorted(r.headers.items())) for r in trace.requests)
+
+    assert answers(run(1_000_000_000.25)) == answers(trace)
+    assert_respects(trace, policy, retry_after=True)
+    # Without one, the real clock: the stated resets are near time.time().
+    real = run(None)
+    assert real.wall_epoch is None
+    assert abs(int(real.requests[0].headers["X-RateLimit-Reset"]) - time.time()) < 5.0
+    with pytest.raises(ValueError, match="wall_epoch"):
+        run(-1.0)
 
 
 def test_simulate_validates_its_arguments() -> None:

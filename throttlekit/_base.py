@@ -12,12 +12,12 @@ import inspect
 import logging
 import math
 import random
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
+from . import _clock
 from . import scopes as _scopes
 from ._checks import check_number
 from ._controller import Feedback
@@ -338,7 +338,7 @@ class BaseLimiter:
             # (Retry-After only on the statuses that define it, a wait in a 429's body).
             fields["rate_limit"] = _headers.parse(
                 fields["headers"],
-                now=time.time(),
+                now=_clock.wall(),
                 max_delay=_HEADER_MAX_DELAY,
                 status=fields["status"],
                 body=body,

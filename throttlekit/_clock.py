@@ -7,12 +7,25 @@ from asyncio import BaseEventLoop, _get_running_loop
 from asyncio import current_task as _asyncio_task
 from asyncio import tasks as _asyncio_tasks
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from threading import get_ident
 from typing import Any
 
 import anyio
 
-__all__ = ["current_loop", "current_task", "now", "now_or_monotonic", "tasks"]
+__all__ = [
+    "current_loop",
+    "current_task",
+    "now",
+    "now_or_monotonic",
+    "simulated_wall",
+    "tasks",
+    "wall",
+]
+
+#: The epoch seconds a simulation's wall clock shows at its virtual time 0
+#: (set by :func:`throttlekit.testing.simulate`), or ``None``: the real clock.
+_wall_epoch: ContextVar[float | None] = ContextVar("throttlekit_wall_epoch", default=None)
 
 _STOCK_TIME = BaseEventLoop.time
 
@@ -89,6 +102,21 @@ def current_loop() -> object:
         return trio.lowlevel.current_trio_token()
     except (ImportError, RuntimeError):
         raise RuntimeError("no asyncio or trio event loop is running in this thread") from None
+
+
+def wall() -> float:
+    """The wall clock epoch resets are read against: :func:`time.time`, or a simulation's.
+
+    In a simulation it runs with the virtual time from the epoch the
+    simulation set, so a reset stated in epoch seconds moves on with it.
+    """
+    epoch = _wall_epoch.get()
+    return time.time() if epoch is None else epoch + now()
+
+
+def simulated_wall(epoch: float | None) -> None:
+    """Make :func:`wall` show ``epoch`` at virtual time 0 in this context (``None``: real)."""
+    _wall_epoch.set(epoch)
 
 
 def now_or_monotonic() -> float:

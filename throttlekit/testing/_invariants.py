@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Literal
@@ -255,14 +254,14 @@ def _retry_after(
     # A scope that knocks before a framework's late reset (Adaptive's do) is
     # not bound by that reset: only by the waits a refusal announces.
     knocks = getattr(backoff, "knock", False) or getattr(policy, "adaptive", None) is not None
-    wall = time.time()
     # Responses take effect for sends strictly after them: those at the very
     # instant of a response may have been granted before it arrived.
     recent: list[tuple[float, float, RequestRecord]] = []  # (responded, wait, record)
     until, wait, cause = -1.0, 0.0, None
     for _, kind, record in trace.iter_events(scope):
         if kind == "response" and record.headers and record.responded is not None:
-            info = parse_headers(record.headers, now=wall, max_delay=cap, status=record.status)
+            now = trace.wall(record.responded)
+            info = parse_headers(record.headers, now=now, max_delay=cap, status=record.status)
             asked = info.wait()
             if knocks and info.retry_after is None and Knock.applies(info):
                 asked = None

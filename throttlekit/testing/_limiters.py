@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
@@ -32,6 +31,7 @@ from .._checks import (
     non_negative_int,
     positive,
 )
+from .._clock import wall
 from ._model import SimRequest, SimResponse
 from ._servers import Responder, ServerModel
 
@@ -444,7 +444,9 @@ class FrameworkLimiter:
     :param latency: seconds an accepted request takes.
     :param reject_latency: seconds a refusal takes.
     :param size: the body size of accepted responses in bytes.
-    :param clock: the wall clock the epoch resets are stated on (:func:`time.time`).
+    :param clock: the wall clock the epoch resets are stated on (by default the
+        simulation's, which runs with the virtual time: see ``wall_epoch`` of
+        :func:`~throttlekit.testing.simulate`).
 
     Usage::
 
@@ -467,7 +469,7 @@ class FrameworkLimiter:
     latency: float = attrs.field(default=0.05, validator=non_negative)
     reject_latency: float = attrs.field(default=0.005, validator=non_negative)
     size: int = attrs.field(default=10_000, validator=non_negative_int)
-    clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
+    clock: Callable[[], float] = attrs.field(default=wall, eq=False, repr=False)
 
     @property
     def rate(self) -> float:

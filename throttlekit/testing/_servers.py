@@ -13,7 +13,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -28,6 +27,7 @@ from .._checks import (
     optional_positive,
     positive,
 )
+from .._clock import wall
 from ._model import SimRequest, SimResponse, fraction
 
 __all__ = [
@@ -245,7 +245,7 @@ class QuotaServer:
     ``"x-ratelimit"`` (``X-RateLimit-*``). Resets are counted from the send
     time: whole seconds, rounded up (as real servers round them), except
     ``X-RateLimit-Reset`` with ``reset_format="epoch"``: then it is the time
-    of the reset in epoch seconds on the wall clock (:func:`time.time`, read
+    of the reset in epoch seconds on the wall clock (the simulation's, read
     when the request is answered, the clock the limiter reads epoch resets
     against), with millisecond precision.
 
@@ -368,7 +368,7 @@ class QuotaServer:
                 }
             if self.rate_limit_headers == "x-ratelimit":
                 if self.reset_format == "epoch":
-                    whole = f"{time.time() + reset:.3f}"
+                    whole = f"{wall() + reset:.3f}"
                 return {
                     "X-RateLimit-Limit": str(limit),
                     "X-RateLimit-Remaining": str(remaining),

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import anyio
 
+from .. import _clock
+from .._checks import check_number
 from .._errors import ThrottleTimeout
 from .._limiter import Limiter
 from .._policy import ScopePolicy
@@ -19,7 +21,11 @@ from ._model import SimRequest, SimResponse
 from ._servers import Responder, ServerModel, Sites
 from ._trace import Outcome, RequestRecord, Sample, Trace
 
-__all__ = ["simulate"]
+__all__ = ["WALL_EPOCH", "simulate"]
+
+#: The wall clock's epoch at a simulation's virtual time 0 (2026-01-01 UTC):
+#: fixed, so that whole-second epoch resets round the same way in every run.
+WALL_EPOCH = 1_767_225_600.0
 
 #: Without a duration, a run still waiting at this virtual time is deadlocked.
 _HORIZON = 1e9
@@ -98,7 +104,9 @@ class _Run:
         responder: Responder,
         requests: list[SimRequest],
         duration: float | None,
+        wall_epoch: float | None,
     ) -> None:
+        self.wall_epoch = wall_epoch
         self.limiter = limiter
         self.responder = responder
         self.pending = [_Pending(request) for request in requests]
@@ -122,6 +130,7 @@ class _Run:
         return seq
 
     async def main(self) -> None:
+        _clock.simulated_wall(self.wall_epoch)  # (the tasks started below inherit it)
         self.all_done = anyio.Event()
         if not self.pending:
             self.all_done.set()
@@ -264,6 +273,7 @@ def simulate(
     duration: float | None = None,
     seed: int = 0,
     backend: Literal["asyncio", "trio"] = "asyncio",
+    wall_epoch: float | None = WALL_EPOCH,
 ) -> Trace:
     """Run requests through a real :class:`~throttlekit.Limiter` against a simulated server.
 
@@ -293,6 +303,12 @@ def simulate(
         asyncio loop and is deterministic. ``"trio"`` runs on trio with
         ``MockClock(autojump_threshold=0)``: same timing rules, but trio
         shuffles the order of tasks that wake at the same instant.
+    :param wall_epoch: the wall clock (what epoch resets in headers are read
+        against, and what the models state them on) shows this many epoch
+        seconds at virtual time 0 and runs with the virtual time, so a
+        whole-second epoch is rounded at every phase in turn, as with a real
+        server. ``None`` keeps the real :func:`time.time`, nearly frozen over
+        a run that takes a fraction of a second.
     :returns: the :class:`Trace` of the run.
     :raises SimulationDeadlock: when ``duration`` is ``None`` and requests
         wait with nothing left that could wake them.
@@ -328,7 +344,9 @@ def simulate(
     workload.sort(key=lambda request: request.at)
     made = _make_limiter(limiter, seed)
     responder = _make_server(server).start(random.Random(seed))
-    run = _Run(made, responder, workload, duration)
+    if wall_epoch is not None:
+        check_number("wall_epoch", wall_epoch, minimum=0.0)
+    run = _Run(made, responder, workload, duration, wall_epoch)
     options: dict[str, Any]
     if backend == "trio":
         try:
@@ -349,4 +367,5 @@ def simulate(
         concurrency=made.statistics().concurrency,
         duration=run.end,
         seed=seed,
+        wall_epoch=wall_epoch,
     )

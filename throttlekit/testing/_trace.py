@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections.abc import Iterator, Mapping
 from typing import Literal
 
@@ -150,6 +151,8 @@ class Trace:
     :param concurrency: the limiter's global cap (``None`` = unlimited).
     :param duration: the virtual time at which the run ended.
     :param seed: the seed of the run.
+    :param wall_epoch: the epoch seconds the run's wall clock showed at
+        virtual time 0 (``None``: the real clock).
 
     Usage::
 
@@ -163,6 +166,11 @@ class Trace:
     concurrency: int | None
     duration: float
     seed: int
+    wall_epoch: float | None = None
+
+    def wall(self, at: float) -> float:
+        """The wall clock at virtual time ``at`` (the real one now when the run had none)."""
+        return time.time() if self.wall_epoch is None else self.wall_epoch + at
 
     def __repr__(self) -> str:
         sent = sum(1 for record in self.requests if record.sent is not None)
