@@ -31,13 +31,21 @@ from throttlekit.testing import (
 WALL = 1_700_000_000.0
 
 
+#: The virtual time of the request being answered (the wall clock runs with it).
+_NOW = [0.0]
+
+
 def wall() -> float:
-    return WALL
+    return WALL + _NOW[0]
 
 
 def respond(model: Any, *times: float) -> list[Any]:
     responder = model.start(random.Random(1))
-    return [responder(SimRequest(url="https://a.test/"), now) for now in times]
+    answers = []
+    for now in times:
+        _NOW[0] = now
+        answers.append(responder(SimRequest(url="https://a.test/"), now))
+    return answers
 
 
 def statuses(model: Any, *times: float) -> list[int | None]:
@@ -153,20 +161,21 @@ def test_framework_moving_window_headers_on_every_response() -> None:
         "X-RateLimit-Reset": str(int(WALL) + 2),  # int(reset + 1): reset at 1.0
         "Retry-After": "2",
     }
-    assert answers[1].headers["Retry-After"] == "1"  # int(int(WALL + 1.75) - WALL)
+    assert answers[1].headers["Retry-After"] == "1"  # int(WALL + 2 - (WALL + 0.25))
     assert answers[3].headers["X-RateLimit-Remaining"] == "1"  # refused all the same
-    # The oldest inside is 0.25: the reset is 0.25 s away, stated 1.25 s away, rounded down.
-    assert answers[3].headers["X-RateLimit-Reset"] == str(int(WALL) + 1)
+    # The oldest inside is 0.25: the reset at 1.25, stated at 2.25, rounded down.
+    assert answers[3].headers["X-RateLimit-Reset"] == str(int(WALL) + 2)
 
 
 def test_framework_reset_formats_and_answer_time() -> None:
     slowapi = FrameworkLimiter(limit=1, latency=0.25, reset_format="float", clock=wall)
     answer = respond(slowapi, 0.0)[0]
-    # Reset at 1.0, answered at 0.25: stated 0.75 + 1 s after the answer.
-    assert answer.headers["X-RateLimit-Reset"] == str(WALL + 1.75)
+    # Reset at 1.0 (the clock shows WALL when the request arrives): stated
+    # a second late; Retry-After counts from the answer, 0.25 s later.
+    assert answer.headers["X-RateLimit-Reset"] == str(WALL + 2.0)
     assert answer.headers["Retry-After"] == "1"
     exact = FrameworkLimiter(limit=1, latency=0.25, reset_late=0.0, clock=wall)
-    assert respond(exact, 0.0)[0].headers["X-RateLimit-Reset"] == str(int(WALL))
+    assert respond(exact, 0.0)[0].headers["X-RateLimit-Reset"] == str(int(WALL) + 1)
     rfc = FrameworkLimiter(limit=1, retry_after_on_every_response=False, clock=wall)
     ok, refused = respond(rfc, 0.0, 0.5)
     assert "Retry-After" not in ok.headers
@@ -182,7 +191,7 @@ def test_framework_fixed_window_opens_at_the_first_request() -> None:
     assert [r.status for r in answers] == [200, 200, 429, 429, 200, 200]
     assert [r.headers["Retry-After"] for r in answers] == ["61", "56", "46", "1", "61", "56"]
     assert [r.headers["X-RateLimit-Remaining"] for r in answers] == ["1", "0", "0", "0", "1", "0"]
-    assert answers[4].headers["X-RateLimit-Reset"] == str(int(WALL) + 61)
+    assert answers[4].headers["X-RateLimit-Reset"] == str(int(WALL) + 126)  # opened at 65 s
 
 
 def test_framework_sliding_window_counter_weights_the_previous_window() -> None:

@@ -376,8 +376,10 @@ class _SlidingCounter:
     def _state(self, now: float) -> tuple[int, float, int, float]:
         """``(previous count, previous ttl, current count, current ttl)`` as the memory storage."""
         window = self.window
-        previous = self.counts.get(int((now - window) / window), 0)
-        current = self.counts.get(int(now / window), 0)
+        # (Window indices round down: int() would take the first window, whose
+        # "previous" index is -1, for itself, and count it twice.)
+        previous = self.counts.get(math.floor((now - window) / window), 0)
+        current = self.counts.get(math.floor(now / window), 0)
         previous_ttl = 0.0 if not previous else (1 - (((now - window) / window) % 1)) * window
         current_ttl = (1 - ((now / window) % 1)) * window + window
         return previous, previous_ttl, current, current_ttl
@@ -386,7 +388,7 @@ class _SlidingCounter:
         previous, previous_ttl, current, _ = self._state(now)
         if math.floor(previous * previous_ttl / self.window + current) + 1 > self.limit:
             return False
-        index = int(now / self.window)
+        index = math.floor(now / self.window)
         self.counts[index] = current + 1
         return True
 
@@ -505,7 +507,10 @@ class FrameworkLimiter:
         wall = self.clock()
         stated: float = wall + reset_in + self.reset_late
         if self.reset_format == "int":
-            stated = int(stated)
+            # (To the microsecond first: the sum of the clock and the time to
+            # the reset can fall a hair below the whole second a server's own
+            # reset time plus one would reach, and a second early.)
+            stated = int(round(stated, 6))
         headers = {
             "X-RateLimit-Limit": str(self.limit),
             "X-RateLimit-Remaining": str(remaining),
