@@ -38,7 +38,6 @@ __all__ = [
     "KNOCK_FREE_REFUSALS",
     "KNOCK_REFUSALS",
     "KNOCK_RESOLUTION",
-    "KNOCK_WHOLE_STEP",
     "KNOCK_WITHIN",
     "Knock",
     "coarse",
@@ -60,12 +59,6 @@ DE_FACTO_SOURCES = frozenset({"x-ratelimit"})
 #: steps a 3 s window's longest reset fell on either side of it, and the
 #: scope switched between the two readings (18 % of the oracle).
 COARSE_STEPS = 3.0
-#: No lead is searched before a reset stated in steps this long (whole
-#: seconds): a window that opens at the knock is then stated late by the lead
-#: it was knocked with (``int(knock + window + 1)``), so every lead lands on
-#: the real reset and a longer one is refused. Searching cost a refusal per
-#: window (20 per fixed 5 s: 3.6 % refused; 30 per moving minute: 7.5 %).
-KNOCK_WHOLE_STEP = 1.0
 #: Knock only before resets at most this many seconds away. Below it a reset
 #: (often whole seconds, rounded up, or a second late) is too coarse to pace
 #: by; above it a scope is paced over the window (``MIN_PACE_RESET``, the same
@@ -182,7 +175,6 @@ class Knock:
         top = min(self.bad, reset)
         if (
             info.retry_after is not None
-            or (info.reset_step or 0.0) >= KNOCK_WHOLE_STEP
             or reset <= now - self.opened
             or top - self.good <= reset * KNOCK_RESOLUTION
             or self.refused + 1.0 > KNOCK_FREE_REFUSALS + self.answers * KNOCK_REFUSALS
