@@ -1510,9 +1510,10 @@ def _x_ratelimit_quota(
     limits = [_limit_and_window(value) for name in _X_LIMIT for value in fields.get(name, ())]
     used = [number for value in fields.get(_X_USED, ()) for number in _numbers(value)]
     quota = _quota("x-ratelimit", remaining, resets, limits, used, max_delay)
+    # (Only X-RateLimit-Reset may be an epoch; -Reset-After is always a delay.)
     steps = [
         _number_step(member)
-        for name in (*_X_RESET, _X_RESET_AFTER)
+        for name in _X_RESET
         for value in fields.get(name, ())
         for member in _members(value)
     ]
