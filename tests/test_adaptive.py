@@ -330,6 +330,14 @@ REAL_LIMITERS: dict[str, tuple[ServerModel, float, float, float]] = {
         40.0,
         5.0,
     ),
+    # At its default 503 and a rate past the opening's doubling: its 503s
+    # took an overload cut and a search from no edge (90 % at 30 s).
+    "nginx limit_req 100r/s, 503, 50 ms": (
+        NginxLimitReq(rate=100, latency=0.05),
+        100.0,
+        40.0,
+        5.0,
+    ),
     "nginx limit_req 20r/s burst=10 nodelay, 429": (
         NginxLimitReq(rate=20, burst=10, nodelay=True, status=429, latency=0.001),
         20.0,
@@ -400,6 +408,29 @@ def test_real_limiters_models_are_used_to_the_target(limiter: str, backend: str)
     assert _refused(trace) < 0.02
     assert _time_to(trace, 0.9 * allowed, span=span) + span <= (15.0 if span < 60 else 2 * span)
     assert_respects(trace, CEILING, retry_after=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nginx_503s_in_the_opening_show_its_leaky_bucket(backend: str) -> None:
+    # 5 r/s without burst, at nginx's default 503: the opening's errors came
+    # to the leaky bucket's judge only as overload, so the scope cut to
+    # 3.5/s, held, and searched up from no edge (90 % at 19 s).
+    trace = _run(NginxLimitReq(rate=5, latency=0.05), 40.0, backend)
+    assert _ok_rate(trace, 20, 40) >= 0.95 * 5
+    assert _time_to(trace, 0.9 * 5) + 5.0 <= 15.0
+    assert _refused(trace) < 0.03
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nginx_documentation_example_at_503_is_measured_as_a_429_would_be(backend: str) -> None:
+    # nginx's own example: rate=1r/s burst=5 nodelay, refusing with 503. Its
+    # errors after the opening's burst were an overload cut, a second cut
+    # 3 s later and a search up from no edge: 14 refusals in 40 s. At 429
+    # the same server costs 4; at 503, measured from the first error, 8.
+    trace = _run(NginxLimitReq(rate=1, burst=5, nodelay=True, latency=0.01), 40.0, backend)
+    sent = [r for r in trace.requests if r.sent is not None]
+    assert sum(1 for r in sent if r.status == 503) <= 9
+    assert _ok_rate(trace, 20, 40) >= 0.95 * 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

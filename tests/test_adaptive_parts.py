@@ -424,6 +424,49 @@ def test_a_run_of_errors_cuts_only_in_the_opening_search() -> None:
     assert not judge.overloaded(opening=True)  # 4 of the last 10
 
 
+def test_errors_end_the_opening_only_after_a_clean_run_and_as_most_outcomes_since() -> None:
+    def judge_of(outcomes: str) -> ErrorJudge:
+        judge = ErrorJudge(TUNING, overload_share=0.25)
+        for outcome in outcomes:
+            judge.remember(outcome == "x")
+        return judge
+
+    assert judge_of("......." + "xxx").ended_run()  # a limit's refusals past the search
+    assert judge_of("......" + "x.x.x").ended_run()  # a leaky bucket's, every other send
+    assert not judge_of("...." + "xxx").ended_run()  # too short a clean run
+    assert not judge_of("......" + "x..x..x").ended_run()  # scattered: random ones
+    assert not judge_of("..........").ended_run()  # no error at all
+
+
+def test_only_errors_two_together_in_the_opening_are_shown_to_the_leaky_bucket_judge() -> None:
+    judge = ErrorJudge(TUNING, overload_share=0.25)
+    for outcome in "...x":
+        judge.remember(outcome == "x")
+    assert not judge.paired()
+    judge.remember(False)
+    judge.remember(True)
+    assert judge.paired()  # two among the last three
+    judge.remember(False)
+    judge.remember(False)
+    judge.remember(True)
+    assert not judge.paired()
+
+
+def test_a_cut_too_shallow_is_seen_in_the_first_answers_past_its_echoes() -> None:
+    judge = ErrorJudge(TUNING, overload_share=0.25)
+    judge.cut()
+    for _ in range(5):
+        judge.remember(True)  # echoes of what was sent before the cut
+    assert not judge.cut_shallow()
+    for outcome in (True, False, True):
+        judge.remember(outcome, fresh=True)
+    assert not judge.cut_shallow()
+    judge.remember(True, fresh=True)
+    assert judge.cut_shallow()  # three of the first four
+    judge.cut()
+    assert not judge.cut_shallow()
+
+
 def test_a_few_errors_close_together_while_holding_widen_the_margin() -> None:
     judge = ErrorJudge(TUNING, overload_share=0.25)
     margins = [judge.widened(_view(), now, 10.0, 0.118, (0.02, 0.02)) for now in (1.0, 2.0, 3.0)]

@@ -36,6 +36,7 @@ class ErrorJudge(SlotState):
         "cut_tried",
         "errors_clean",
         "errors_limit",
+        "fresh",
         "hold_cuts",
         "outcomes",
         "overload_share",
@@ -51,6 +52,9 @@ class ErrorJudge(SlotState):
         self.tuning = tuning
         self.overload_share = overload_share
         self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last OUTCOMES
+        # The first outcomes (up to ``recut_fewest``) of sends after the last
+        # overload cut's echoes: the new rate's own.
+        self.fresh: list[int] = []
         # Whether no overload error has come since the last overload cut (but
         # echoes of it), and whether such errors proved to be a rate limit's.
         self.errors_clean = False
@@ -70,9 +74,20 @@ class ErrorJudge(SlotState):
     def __repr__(self) -> str:
         return f"<ErrorJudge {sum(self.outcomes)}/{len(self.outcomes)} overload>"
 
-    def remember(self, overload: bool) -> None:
-        """One more outcome for the overload share."""
+    def remember(self, overload: bool, *, fresh: bool = False) -> None:
+        """One more outcome for the overload share (``fresh``: sent past a cut's echoes)."""
         remember_outcome(self.outcomes, 1 if overload else 0)
+        if fresh and len(self.fresh) < self.tuning.recut_fewest:
+            self.fresh.append(1 if overload else 0)
+
+    def cut_shallow(self) -> bool:
+        """Whether the first answers past the last overload cut's echoes call for another cut.
+
+        A limit that answers with errors refuses most sends of a rate cut
+        too little (a leaky bucket at a few per second, its burst spent), where
+        waiting for ``overload_fewest`` outcomes again costs seconds of refusals.
+        """
+        return sum(self.fresh) >= self.tuning.recut_errors
 
     def share_below(self, share: float) -> bool:
         """Whether errors are under ``share`` of the recent outcomes."""
@@ -113,9 +128,29 @@ class ErrorJudge(SlotState):
         outcomes = self.outcomes
         self.cut_share = sum(outcomes) / len(outcomes) if outcomes else 0.0
         self.cut_tried = 0.0
-        self.outcomes = []
+        self.outcomes, self.fresh = [], []
         self.errors_clean, self.errors_limit = True, False
         self.hold_cuts = 0
+
+    def paired(self) -> bool:
+        """Whether another error came among the last ``opening_pair`` outcomes (this one's too)."""
+        return sum(self.outcomes[-self.tuning.opening_pair :]) >= 2
+
+    def ended_run(self) -> bool:
+        """Whether errors came only after a run of ``opening_clean`` acceptances, and most since.
+
+        A limit refuses once a search up passes its edge; random errors come
+        anywhere, and seldom make most of the outcomes from the first of them.
+        """
+        outcomes = self.outcomes
+        first = outcomes.index(1) if 1 in outcomes else len(outcomes)
+        since = outcomes[first:]
+        return first >= self.tuning.opening_clean and 2 * sum(since) >= len(since) > 0
+
+    def limit_found(self) -> None:
+        """The errors so far were a limit's refusals: the overload share starts anew."""
+        self.outcomes, self.fresh = [], []
+        self.errors_limit = True
 
     def limit_refusal(self, *, echo: bool, status: int | None, searching: bool) -> bool:
         """Whether an error is a rate limit's refusal, as far as the errors so far show."""

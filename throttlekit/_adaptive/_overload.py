@@ -68,7 +68,24 @@ def on_error(
         if errors.cut_tried:
             _random_below(parts, scope, now)
     opening = loop.phase is Phase.START and loop.cut_at == -INF and _in_send_order(parts, scope)
-    if errors.overloaded(opening=opening) or (parts.closures.empty and not echo):
+    if opening and status is not None and errors.paired():
+        # (The leaky bucket's judge sees its gap: a bucket refuses most of a
+        # doubled rate's sends, where random errors seldom come two together.)
+        parts.spacing.refused(sent_at, now)
+    if opening and status is not None and errors.overloaded(opening=True) and errors.ended_run():
+        # The first errors, past a run of acceptances that ramped up: taken
+        # for a limit's refusals, and the edge measured before the first of
+        # them, as its 429 would have been (random ones held lower still
+        # come: then they are found out, above).
+        logger.debug("scope %s: errors ended the opening: a rate limit", scope.name)
+        errors.limit_found()
+        first = parts.log.first_refused()
+        on_throttle(
+            parts, scope, sent_at if first is None else first, now, 0.0, error=True, noted=True
+        )
+    elif errors.cut_shallow():
+        cut_for_overload(parts, scope, now, since_cut=True)
+    elif errors.overloaded(opening=opening) or (parts.closures.empty and not echo):
         # (Closed: a knock after the pause was refused too.)
         cut_for_overload(parts, scope, now)
 
@@ -89,12 +106,20 @@ def _limit_shown(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> 
     return in_flight_limit(parts, scope, flying, sent_at, now, judge=parts.errors.overloaded())
 
 
-def cut_for_overload(parts: Parts, scope: ScopeView, now: float) -> None:
-    """Overload errors (or a knock refused): cut rate and concurrency, and hold."""
+def cut_for_overload(
+    parts: Parts, scope: ScopeView, now: float, *, since_cut: bool = False
+) -> None:
+    """Overload errors (or a knock refused): cut rate and concurrency, and hold.
+
+    The rates cut from are measured over the last ``overload_rate_span``
+    seconds, or (``since_cut``: a cut too shallow) over the time since it.
+    """
     config = parts.config
     loop, closures, concurrency = parts.rate_loop, parts.closures, parts.concurrency_loop
     closed = closures.closed_since(loop.cut_at)
     span = config.tuning.overload_rate_span
+    if since_cut:
+        span = min(span, now - loop.cut_at)
     sent = parts.log.measured(now - span, now, accepted=False)
     got = parts.log.measured(now - span, now, accepted=True)
     old_rate, old_limit = loop.rate, concurrency.limit
@@ -156,5 +181,7 @@ def _widen(parts: Parts, scope: ScopeView, now: float) -> None:
     if margin is None:
         return
     loop.margin = margin
-    loop.target = loop.rate = edge * (1.0 - margin)
+    loop.target = edge * (1.0 - margin)
+    # (A rate still climbing back below the edge is not raised by a margin.)
+    loop.rate = min(loop.rate, loop.target)
     logger.debug("scope %s: errors while holding: rate -> %.3f/s", scope.name, loop.rate)

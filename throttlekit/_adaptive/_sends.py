@@ -126,6 +126,10 @@ class SendLog(SlotState):
             return 0.0
         return (len(accepted) - 1) / (accepted[-1] - accepted[0])
 
+    def first_refused(self) -> float | None:
+        """The send instant of the oldest refusal the log holds (``None``: none)."""
+        return next((entry[0] for entry in self.sends if not entry[1]), None)
+
     def between(self, start: float, end: float) -> list[list[float]]:
         """The sends after ``start`` up to ``end`` (``[sent_at, 1 if accepted else 0]``)."""
         sends = self.sends

@@ -107,7 +107,7 @@ class AdaptiveState(Parts):
         if not (kind is Kind.OVERLOAD and self.errors.errors_limit and loop.echo(sent_at)):
             # (An echo of a limit's refusal counts with that refusal: the end
             # of a fixed window refuses a run of sends at once.)
-            self.errors.remember(kind is Kind.OVERLOAD)
+            self.errors.remember(kind is Kind.OVERLOAD, fresh=not loop.echo(sent_at))
         if unexplained:
             wait = (info.retry_after if info is not None else None) or 0.0
             if sent_at > loop.cut_at:

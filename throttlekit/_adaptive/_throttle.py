@@ -21,12 +21,20 @@ logger = logging.getLogger("throttlekit.adaptive")
 
 
 def on_throttle(
-    parts: Parts, scope: ScopeView, sent_at: float, now: float, wait: float, *, error: bool = False
+    parts: Parts,
+    scope: ScopeView,
+    sent_at: float,
+    now: float,
+    wait: float,
+    *,
+    error: bool = False,
+    noted: bool = False,
 ) -> None:
     """A refusal of a request sent at ``sent_at`` (the server told to wait ``wait`` seconds).
 
     ``error``: an overload error taken for a limit's refusal. A random one
     cannot be told from it, so it never counts an edge between refusals.
+    ``noted``: the leaky bucket's judge was given its gap already.
     """
     loop, closures = parts.rate_loop, parts.closures
     closed = closures.closed_since(loop.cut_at)
@@ -43,7 +51,8 @@ def on_throttle(
     flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
     if in_flight_limit(parts, scope, flying, sent_at, now):
         return
-    _note_gap(parts, sent_at, now, wait)
+    if not noted:
+        _note_gap(parts, sent_at, now, wait)
     if _told_wait(parts, scope, flying, sent_at, now, wait) or _second_refused(
         parts, scope, flying, sent_at, now, wait
     ):

@@ -195,6 +195,27 @@ class AdaptiveTuning:
     #: 10 %, answered faster than a queueing server's acceptances, make such
     #: runs often enough to cut the rate again and again.
     overload_run: float = 2.0
+    #: In the opening search up, an error with another among the last this
+    #: many outcomes (its own included) is shown to the leaky bucket's judge:
+    #: a bucket refuses most of a doubled rate's sends, where random errors
+    #: at 5 % come so paired once in about 100 outcomes (one alone, at the
+    #: first send after a doubling, had the scope paced at half the rate).
+    opening_pair: int = 3
+    #: Errors that cut the opening, past this many acceptances in a row and
+    #: most of the outcomes from the first of them, are a limit's refusals:
+    #: its edge is measured as a 429's would be (nginx's 1 r/s ``burst=5
+    #: nodelay`` at 503: 8 refusals in 40 s, where an overload cut, a cut
+    #: too shallow and a search up from no edge made 14). Random errors at
+    #: 10 % so placed took the scope to 1/s for 20 s one run in 10 before.
+    opening_clean: int = 5
+    #: Errors among the first ``recut_fewest`` answers to sends past an
+    #: overload cut's echoes that cut again at once, from what got through
+    #: since that cut: the cut was too shallow (nginx's 1 r/s ``burst=5
+    #: nodelay`` at 503 refused 3.5/s for 3 s, 8 refusals, before the 10
+    #: outcomes ``overload_fewest`` asks for came). Random errors at the
+    #: share that cut (25 %) make 3 of 4 one time in 20.
+    recut_fewest: int = 4
+    recut_errors: int = 3
     #: Seconds over which the send rate that an overload cut starts from is measured.
     overload_rate_span: float = 2.0
     #: When less than this share of those sends got through, the cut goes no
