@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ._parts import Parts
 from ._phase import Event, Phase
-from ._throttle import in_flight_limit, on_throttle, overcounted
+from ._throttle import in_flight_limit, on_throttle
 
 if TYPE_CHECKING:
     from .._controller import ScopeView
@@ -40,54 +40,78 @@ def on_error(
     if status is not None and _limit_shown(parts, scope, sent_at, now):
         return
     echo = loop.echo(sent_at)
-    # An echo of a limit's refusal may show its new edge over-counted, as a 429's would.
-    limit_echo = echo and status is not None and errors.errors_limit
-    if limit_echo and overcounted(parts, scope, sent_at, now):
+    if echo and status is not None and errors.errors_limit:
+        # An echo of a limit's refusal, as a 429's: the server closed, or the
+        # new edge over-counted.
+        on_throttle(parts, scope, sent_at, now, 0.0, error=True)
         return
-    holding = loop.holding()
-    searching = loop.phase in _ABOVE
-    limit = errors.limit_refusal(echo=echo, status=status, searching=searching)
-    if limit and holding and not _hold_errors(parts, sent_at):
-        _widen(parts, scope, now)
-    elif limit:
-        errors.hold_cuts += holding
-        if errors.hold_cuts > parts.config.tuning.hold_cuts:
-            logger.debug("scope %s: errors below every edge: not a rate limit", scope.name)
-            errors.errors_limit = False
-            loop.edge, loop.target = None, INF
-            loop.enter(Event.NOT_A_LIMIT, now)
-        else:
-            if not errors.errors_limit:
-                logger.debug("scope %s: errors only above the rate held: a rate limit", scope.name)
-            errors.errors_limit = True
-            if not errors.overloaded():
-                on_throttle(parts, scope, sent_at, now, 0.0, error=True)
-                return
+    if _judged_a_limit(parts, scope, status, sent_at, now, echo=echo):
+        return
     if not echo:
         errors.errors_clean = False
         if errors.cut_tried:
             _random_below(parts, scope, now)
     opening = loop.phase is Phase.START and loop.cut_at == -INF and _in_send_order(parts, scope)
-    if opening and status is not None and errors.paired():
-        # (The leaky bucket's judge sees its gap: a bucket refuses most of a
-        # doubled rate's sends, where random errors seldom come two together.)
-        parts.spacing.refused(sent_at, now)
-    if opening and status is not None and errors.overloaded(opening=True) and errors.ended_run():
-        # The first errors, past a run of acceptances that ramped up: taken
-        # for a limit's refusals, and the edge measured before the first of
-        # them, as its 429 would have been (random ones held lower still
-        # come: then they are found out, above).
-        logger.debug("scope %s: errors ended the opening: a rate limit", scope.name)
-        errors.limit_found()
-        first = parts.log.first_refused()
-        on_throttle(
-            parts, scope, sent_at if first is None else first, now, 0.0, error=True, noted=True
-        )
-    elif errors.cut_shallow():
+    if opening and status is not None and _ended_opening(parts, scope, sent_at, now):
+        return
+    if errors.cut_shallow():
         cut_for_overload(parts, scope, now, since_cut=True)
     elif errors.overloaded(opening=opening) or (parts.closures.empty and not echo):
         # (Closed: a knock after the pause was refused too.)
         cut_for_overload(parts, scope, now)
+
+
+def _judged_a_limit(
+    parts: Parts, scope: ScopeView, status: int | None, sent_at: float, now: float, *, echo: bool
+) -> bool:
+    """Weigh an error as a limit's refusal, as far as the errors so far show; whether handled.
+
+    While holding, too few of them only widen the margin; more are the
+    limit's refusals, until cuts below each lower edge leave as many.
+    """
+    loop, errors = parts.rate_loop, parts.errors
+    holding = loop.holding()
+    limit = errors.limit_refusal(echo=echo, status=status, searching=loop.phase in _ABOVE)
+    if not limit:
+        return False
+    if holding and not _hold_errors(parts, sent_at):
+        _widen(parts, scope, now)
+        return False
+    errors.hold_cuts += holding
+    if errors.hold_cuts > parts.config.tuning.hold_cuts:
+        logger.debug("scope %s: errors below every edge: not a rate limit", scope.name)
+        errors.errors_limit = False
+        loop.edge, loop.target = None, INF
+        loop.enter(Event.NOT_A_LIMIT, now)
+        return False
+    if not errors.errors_limit:
+        logger.debug("scope %s: errors only above the rate held: a rate limit", scope.name)
+    errors.errors_limit = True
+    if errors.overloaded():
+        return False
+    on_throttle(parts, scope, sent_at, now, 0.0, error=True)
+    return True
+
+
+def _ended_opening(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> bool:
+    """Whether errors in the opening search up are a limit's refusals; then they are measured.
+
+    Two together go to the leaky bucket's judge (a bucket refuses most of a
+    doubled rate's sends, where random errors seldom come so). Past a run
+    of acceptances, and most answers since, they are taken for a limit's,
+    its edge measured before the first of them as a 429's would be (random
+    ones held lower still come: then they are found out).
+    """
+    errors = parts.errors
+    if errors.paired():
+        parts.spacing.refused(sent_at, now)
+    if not (errors.overloaded(opening=True) and errors.ended_run()):
+        return False
+    logger.debug("scope %s: errors ended the opening: a rate limit", scope.name)
+    errors.limit_found()
+    first = parts.log.first_refused()
+    on_throttle(parts, scope, sent_at if first is None else first, now, 0.0, error=True)
+    return True
 
 
 def _limit_shown(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> bool:

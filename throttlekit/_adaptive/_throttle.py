@@ -15,26 +15,18 @@ from ._spacing import Shown
 if TYPE_CHECKING:
     from .._controller import ScopeView
 
-__all__ = ["in_flight_limit", "judge_spacing", "on_throttle", "overcounted", "refine"]
+__all__ = ["in_flight_limit", "judge_spacing", "on_throttle", "refine"]
 
 logger = logging.getLogger("throttlekit.adaptive")
 
 
 def on_throttle(
-    parts: Parts,
-    scope: ScopeView,
-    sent_at: float,
-    now: float,
-    wait: float,
-    *,
-    error: bool = False,
-    noted: bool = False,
+    parts: Parts, scope: ScopeView, sent_at: float, now: float, wait: float, *, error: bool = False
 ) -> None:
     """A refusal of a request sent at ``sent_at`` (the server told to wait ``wait`` seconds).
 
     ``error``: an overload error taken for a limit's refusal. A random one
     cannot be told from it, so it never counts an edge between refusals.
-    ``noted``: the leaky bucket's judge was given its gap already.
     """
     loop, closures = parts.rate_loop, parts.closures
     closed = closures.closed_since(loop.cut_at)
@@ -51,8 +43,7 @@ def on_throttle(
     flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
     if in_flight_limit(parts, scope, flying, sent_at, now):
         return
-    if not noted:
-        _note_gap(parts, sent_at, now, wait)
+    _note_gap(parts, sent_at, now, wait)
     if _told_wait(parts, scope, flying, sent_at, now, wait) or _second_refused(
         parts, scope, flying, sent_at, now, wait
     ):
@@ -201,6 +192,12 @@ def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> b
     if not loop.overcounted(sent_at, now):
         return False
     logger.debug("scope %s: %s", scope.name, loop.reason.removeprefix("adaptive: "))
+    sends = parts.log.between(loop.cut_at, sent_at)
+    got = sum(entry[1] for entry in sends)
+    if got and len(sends) >= parts.config.tuning.spent_fewest and 2 * got < len(sends):
+        # Most sends since the cut refused: a stored burst spent, the bucket
+        # lets through what it refills; no faster than that.
+        loop.rate = min(loop.rate, got / (sent_at - loop.cut_at))
     return True
 
 
@@ -307,7 +304,7 @@ def _measure(
         # it let through between them is what it refilled (a count over one
         # horizon would read the rest of a stored burst as a rate).
         edge = min(edge, log.measured(loop.cut_at, sent_at, accepted=True))
-    if loop.holding() and sent_at - 2 * horizon >= loop.resumed_at:
+    if loop.holding() and sent_at - 2 * horizon >= max(loop.resumed_at, loop.blocked_until):
         # Two horizons of sending without a pause: on fixed windows the last
         # one can hold the end of one window and the start of the next (up
         # to twice the limit); the two's mean cannot.
