@@ -192,12 +192,14 @@ def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> b
     if not loop.overcounted(sent_at, now):
         return False
     logger.debug("scope %s: %s", scope.name, loop.reason.removeprefix("adaptive: "))
-    sends = parts.log.between(loop.cut_at, sent_at)
+    # (Counted from when sending resumed: a wait told or decided sends nothing.)
+    start = max(loop.cut_at, loop.blocked_until)
+    sends = parts.log.between(start, sent_at)
     got = sum(entry[1] for entry in sends)
     if got and len(sends) >= parts.config.tuning.spent_fewest and 2 * got < len(sends):
         # Most sends since the cut refused: a stored burst spent, the bucket
         # lets through what it refills; no faster than that.
-        loop.rate = min(loop.rate, got / (sent_at - loop.cut_at))
+        loop.rate = min(loop.rate, got / (sent_at - start))
     return True
 
 
