@@ -454,6 +454,9 @@ def test_only_errors_two_together_in_the_opening_are_shown_to_the_leaky_bucket_j
 
 def test_a_cut_too_shallow_is_seen_in_the_first_answers_past_its_echoes() -> None:
     judge = ErrorJudge(TUNING, overload_share=0.25)
+    for _ in range(3):
+        judge.remember(True, fresh=True)
+    assert not judge.cut_shallow()  # no cut yet: the opening's errors judge themselves
     judge.cut()
     for _ in range(5):
         judge.remember(True)  # echoes of what was sent before the cut

@@ -53,8 +53,8 @@ class ErrorJudge(SlotState):
         self.overload_share = overload_share
         self.outcomes: list[int] = []  # 1 = overload, 0 = not; the last OUTCOMES
         # The first outcomes (up to ``recut_fewest``) of sends after the last
-        # overload cut's echoes: the new rate's own.
-        self.fresh: list[int] = []
+        # overload cut's echoes: the new rate's own (None: no cut yet).
+        self.fresh: list[int] | None = None
         # Whether no overload error has come since the last overload cut (but
         # echoes of it), and whether such errors proved to be a rate limit's.
         self.errors_clean = False
@@ -77,7 +77,7 @@ class ErrorJudge(SlotState):
     def remember(self, overload: bool, *, fresh: bool = False) -> None:
         """One more outcome for the overload share (``fresh``: sent past a cut's echoes)."""
         remember_outcome(self.outcomes, 1 if overload else 0)
-        if fresh and len(self.fresh) < self.tuning.recut_fewest:
+        if fresh and self.fresh is not None and len(self.fresh) < self.tuning.recut_fewest:
             self.fresh.append(1 if overload else 0)
 
     def cut_shallow(self) -> bool:
@@ -87,7 +87,7 @@ class ErrorJudge(SlotState):
         too little (a leaky bucket at a few per second, its burst spent), where
         waiting for ``overload_fewest`` outcomes again costs seconds of refusals.
         """
-        return sum(self.fresh) >= self.tuning.recut_errors
+        return self.fresh is not None and sum(self.fresh) >= self.tuning.recut_errors
 
     def share_below(self, share: float) -> bool:
         """Whether errors are under ``share`` of the recent outcomes."""
@@ -149,7 +149,7 @@ class ErrorJudge(SlotState):
 
     def limit_found(self) -> None:
         """The errors so far were a limit's refusals: the overload share starts anew."""
-        self.outcomes, self.fresh = [], []
+        self.outcomes, self.fresh = [], None
         self.errors_limit = True
 
     def limit_refusal(self, *, echo: bool, status: int | None, searching: bool) -> bool:

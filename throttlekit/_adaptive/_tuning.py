@@ -210,7 +210,7 @@ class AdaptiveTuning:
     #: Errors that cut the opening, past this many acceptances in a row and
     #: most of the outcomes from the first of them, are a limit's refusals:
     #: its edge is measured as a 429's would be (nginx's 1 r/s ``burst=5
-    #: nodelay`` at 503: 8 refusals in 40 s, where an overload cut, a cut
+    #: nodelay`` at 503: 6 refusals in 40 s, where an overload cut, a cut
     #: too shallow and a search up from no edge made 14). Random errors at
     #: 10 % so placed took the scope to 1/s for 20 s one run in 10 before.
     opening_clean: int = 5
