@@ -426,7 +426,7 @@ def test_nginx_documentation_example_at_503_is_measured_as_a_429_would_be(backen
     # nginx's own example: rate=1r/s burst=5 nodelay, refusing with 503. Its
     # errors after the opening's burst were an overload cut, a second cut
     # 3 s later and a search up from no edge: 14 refusals in 40 s. At 429
-    # the same server costs 4; at 503, measured from the first error, 8.
+    # the same server costs 4; at 503, measured from the first error, 6.
     trace = _run(NginxLimitReq(rate=1, burst=5, nodelay=True, latency=0.01), 40.0, backend)
     sent = [r for r in trace.requests if r.sent is not None]
     assert sum(1 for r in sent if r.status == 503) <= 9

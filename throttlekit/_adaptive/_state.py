@@ -104,10 +104,11 @@ class AdaptiveState(Parts):
             self.inflight.accepted(scope.in_flight, exact=scope.in_flight_exact)
             self.spacing.answered(now - sent_at)
             self._accepted(scope, sent_at, now)
-        if not (kind is Kind.OVERLOAD and self.errors.errors_limit and loop.echo(sent_at)):
+        echo = loop.echo(sent_at)
+        if not (kind is Kind.OVERLOAD and self.errors.errors_limit and echo):
             # (An echo of a limit's refusal counts with that refusal: the end
             # of a fixed window refuses a run of sends at once.)
-            self.errors.remember(kind is Kind.OVERLOAD, fresh=not loop.echo(sent_at))
+            self.errors.remember(kind is Kind.OVERLOAD, fresh=not echo)
         if unexplained:
             wait = (info.retry_after if info is not None else None) or 0.0
             if sent_at > loop.cut_at:
