@@ -389,6 +389,28 @@ def test_a_refusal_just_below_an_inexact_limit_lowers_it() -> None:
     assert detector.count is None
 
 
+def test_a_limit_in_flight_read_at_a_full_cap_is_a_bound_a_lower_reading_refines() -> None:
+    # Through Redis, under load: nginx limit_conn 4 refused a burst at a cap
+    # of 8 at 7, 7 and 7 leases (each freed slot refilled at once, by a send
+    # refused in turn), then at 5. That 5 disproved the limit, and the scope
+    # was held as a rate limit at 55 % of what the server allows.
+    def found(cap: int) -> InFlightLimit:
+        detector = InFlightLimit(TUNING)
+        for sent_at in (3.30, 3.31, 3.32):
+            detector.refused(7, sent_at, _log(), cap=cap, exact=False)
+        assert detector.count == 7
+        return detector
+
+    detector = found(cap=8)
+    assert detector.refused(5, 3.40, _log(), cap=7, exact=False) is Verdict.FOUND  # refined
+    assert detector.count == 5
+    assert detector.refused(4, 3.50, _log(), cap=5, exact=False) is Verdict.FOUND  # one lower
+    assert detector.refused(1, 3.60, _log(), cap=4, exact=False) is Verdict.NOTHING  # too few
+    # Read below the cap, the limit was a real reading: a lower one disproves it.
+    detector = found(cap=16)
+    assert detector.refused(5, 3.40, _log(), cap=7, exact=False) is Verdict.NOTHING
+
+
 def test_errors_are_only_counted_until_judged() -> None:
     detector = InFlightLimit(TUNING)
     for sent_at in (10.0, 20.0, 30.0):

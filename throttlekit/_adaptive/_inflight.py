@@ -27,7 +27,15 @@ class InFlightLimit(SlotState):
     more at once than that count; a rate limit refuses at the same rate
     whatever the count. Refusals at one count are a limit in flight when
     their rates differ, or when no answer accepted since came with more in
-    flight. A refusal at a lower count disproves it.
+    flight. A refusal at a lower count disproves it, unless the limit was
+    read at a full cap: then it was only a bound.
+
+    A count in flight reads high, never low: it also counts requests
+    answered whose answers are not counted yet. With the cap full, those
+    are others refused as each freed slot is refilled at once, so the
+    reading is the cap, whatever the server's limit below it; a lower
+    reading refines it. (A rate limit at a full cap refuses at no lower
+    count: below the cap, the readings are real ones.)
 
     Where the count is not exact (a backend shared by processes counts its
     leases, among them ones granted but not yet sent and ones answered but
@@ -36,13 +44,14 @@ class InFlightLimit(SlotState):
     lowers it rather than disproving it.
     """
 
-    __slots__ = ("above", "count", "found", "refusals", "tuning")
-    STATE = ("above", "count", "found", "refusals")
+    __slots__ = ("above", "bound", "count", "found", "refusals", "tuning")
+    STATE = ("above", "bound", "count", "found", "refusals")
 
     def __init__(self, tuning: AdaptiveTuning) -> None:
         self.tuning = tuning
         self.count: int | None = None  # the limit on requests in flight, once found
         self.found = 0  # the count it was found at (it may show one lower since)
+        self.bound = False  # whether it was read at a full cap (a bound only)
         self.refusals: list[list[float]] = []  # [in flight, rate] at the last refusals
         # Whether an answer accepted since the first of those refusals had
         # more in flight than they had (a limit on requests in flight does
@@ -62,20 +71,31 @@ class InFlightLimit(SlotState):
             self.above = True
 
     def refused(
-        self, flying: int, sent_at: float, log: SendLog, *, judge: bool = True, exact: bool = True
+        self,
+        flying: int,
+        sent_at: float,
+        log: SendLog,
+        *,
+        cap: int | None = None,
+        judge: bool = True,
+        exact: bool = True,
     ) -> Verdict:
         """A refusal of a request sent at ``sent_at`` with ``flying`` others in flight.
 
-        With ``judge`` false it is only counted (an error that may be a
-        random one: the caller judges once errors are many). ``exact``:
-        whether the count is exact (see the class).
+        ``cap`` is the concurrency in force (``None``: none). With ``judge``
+        false it is only counted (an error that may be a random one: the
+        caller judges once errors are many). ``exact``: whether the count
+        is exact (see the class).
         """
         tuning = self.tuning
         noise = self._noise(exact)
         if self.count is not None:
-            if flying < self.found - noise:  # refused below the limit found: not (only) one
-                self.count, self.refusals = None, []
-                return Verdict.NOTHING
+            if flying < self.found - noise:  # refused below the limit found
+                if not self.bound or flying < tuning.inflight_fewest:
+                    self.count, self.refusals = None, []  # not (only) one
+                    return Verdict.NOTHING
+                self._found(flying, cap)  # it was a bound: this reads it lower
+                return Verdict.FOUND
             if flying < self.count:  # a count read high: the cap let one too many through
                 self.count = flying
                 return Verdict.FOUND
@@ -97,8 +117,12 @@ class InFlightLimit(SlotState):
             or (self.above and max(rates) <= tuning.inflight_spread * min(rates))
         ):
             return Verdict.NOTHING
-        self.count = self.found = int(min(counts))
+        self._found(int(min(counts)), cap)
         return Verdict.FOUND
+
+    def _found(self, count: int, cap: int | None) -> None:
+        self.count = self.found = count
+        self.bound = cap is not None and count + 1 >= cap
 
     def _noise(self, exact: bool) -> int:
         """How far apart counts of one limit may read."""

@@ -235,7 +235,8 @@ def in_flight_limit(
     """
     inflight = parts.inflight
     exact = scope.in_flight_exact
-    verdict = inflight.refused(flying, sent_at, parts.log, judge=judge, exact=exact)
+    cap = scope.concurrency
+    verdict = inflight.refused(flying, sent_at, parts.log, cap=cap, judge=judge, exact=exact)
     if verdict is Verdict.NOTHING:
         return False
     if verdict is Verdict.KNOWN:
