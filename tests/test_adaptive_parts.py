@@ -610,6 +610,23 @@ def test_a_second_refusal_goes_to_one_request_per_second_below_unless_told_longe
     assert longer.margin == pytest.approx(0.16)
 
 
+def test_a_refusal_counting_the_pace_held_below_an_edge_that_held_is_sends_jostled() -> None:
+    # Three processes through Redis on a loaded machine, at a sliding 10/s
+    # with Retry-After: 1: the edge read 10, then 11 twice (held at 9.8/s),
+    # then 9: a new edge, and 8/s for a minute.
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 10.0, 11.0, 1.0, 2.0, 0.0, Phase.START)
+    for now in (4.0, 6.0):
+        set_edge(loop, _view(), 11.0, 11.0, 1.0, now, 0.0, Phase.HOLD)
+    assert loop.edge_held and loop.rate == pytest.approx(9.8)
+    assert not set_edge(loop, _view(), 9.0, 10.0, 1.0, 12.0, 0.0, Phase.HOLD)  # confirmed
+    assert loop.edge == 11.0
+    assert loop.rate == pytest.approx(11.0 * (1 - 2 * 0.109), abs=0.01)  # the margin doubled
+    # Counted well below the pace held, it is a new edge (a limit that moved).
+    assert set_edge(loop, _view(), 7.0, 8.0, 1.0, 20.0, 0.0, Phase.HOLD)
+    assert loop.edge == 7.0
+
+
 @pytest.mark.parametrize("passed", [False, True])
 def test_a_probe_refused_below_the_edge_goes_back_to_the_margin_that_held(passed: bool) -> None:
     loop = RateLoop(Adaptive())

@@ -88,7 +88,9 @@ def _confirm(
             # below it, and a probe drains it); the old edge is confirmed.
             old, hold_for, confirmed, stored = risen, loop.risen_hold, True, True
         else:
-            confirmed = old is not None and loop.near(edge, old)
+            confirmed = old is not None and (
+                loop.near(edge, old) or _jostled(loop, edge, wait, phase)
+            )
     if confirmed:
         assert old is not None
         edge = max(edge, old)
@@ -102,6 +104,31 @@ def _confirm(
     if old is not None and loop.edge_held and edge < loop.config.tuning.moved * old:
         loop.moved_at = now  # a limit that had held dropped
     return edge, hold_for, confirmed
+
+
+def _jostled(loop: RateLoop, edge: float, wait: float, phase: Phase) -> bool:
+    """Whether a refusal below an edge that held counted the pace held: sends jostled.
+
+    Held below the edge, a refusal that counts about the rate held (less
+    than the edge by more than a request) says that the sends reached the
+    server less evenly than they left, not where its limit is: the edge
+    kept is the highest count that confirmed it, and on a loaded machine
+    arrivals move by tens of ms, so a count of 9 at a sliding 10/s (whose
+    edge read 11) took the scope to 8/s for a minute. The margin widens.
+    Only where the server's window is the horizon (a longer window's count
+    is not its limit), and once past a request below the edge: a second
+    such refusal is a new edge.
+    """
+    old = loop.edge
+    return (
+        phase in (Phase.RECOVER, Phase.HOLD)
+        and loop.edge_held
+        and old is not None
+        and edge < old
+        and wait <= loop.horizon
+        and loop.margin <= loop.one_fewer(old)
+        and loop.near(edge, loop.rate)
+    )
 
 
 def _widened(loop: RateLoop, edge: float, wait: float) -> float:
