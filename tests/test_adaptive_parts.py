@@ -618,7 +618,8 @@ def test_a_refusal_counting_the_pace_held_below_an_edge_that_held_is_sends_jostl
     set_edge(loop, _view(), 10.0, 11.0, 1.0, 2.0, 0.0, Phase.START)
     for now in (4.0, 6.0):
         set_edge(loop, _view(), 11.0, 11.0, 1.0, now, 0.0, Phase.HOLD)
-    assert loop.edge_held and loop.rate == pytest.approx(9.8)
+    assert loop.edge_held
+    assert loop.rate == pytest.approx(9.8)
     assert not set_edge(loop, _view(), 9.0, 10.0, 1.0, 12.0, 0.0, Phase.HOLD)  # confirmed
     assert loop.edge == 11.0
     assert loop.rate == pytest.approx(11.0 * (1 - 2 * 0.109), abs=0.01)  # the margin doubled
