@@ -28,6 +28,7 @@ from ._invariants import PolicyViolation, Violation, assert_respects, check_resp
 from ._limiters import FrameworkLimiter, HAProxyRate, NginxLimitConn, NginxLimitReq
 from ._loop import SimulationDeadlock, VirtualEventLoop
 from ._model import SimRequest, SimResponse, burst, poisson, steady
+from ._network import Jittered
 from ._servers import (
     BucketServer,
     CapacityServer,
@@ -52,6 +53,7 @@ __all__ = [
     "FlakyServer",
     "FrameworkLimiter",
     "HAProxyRate",
+    "Jittered",
     "NginxLimitConn",
     "NginxLimitReq",
     "Outcome",
