@@ -281,28 +281,6 @@ def test_refusals_at_gaps_it_had_accepted_are_a_window_for_good() -> None:
     assert spacing.least == 0.0  # never taken for a leaky bucket again
 
 
-def test_refusals_within_the_spread_of_refusals_latencies_are_arrival_jitter() -> None:
-    # Sends that reach nginx's limit_req up to 20 ms late come back refused
-    # in 1 to 21 ms, and are refused a little past the shortest gap accepted.
-    # Three such made it "a window", and the scope then paced by counts:
-    # 7.1-8.45/s of 10 r/s with 2.3-3.3 % refused over eight seeds (the
-    # Jittered test of the testing kit); now 8.0-8.2/s with 1.8-2.5 %.
-    spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
-    assert spacing.judge(log, 0.7) is Shown.FOUND
-    at = 0.75
-    for late in (0.001, 0.021, 0.011, 0.016):
-        at += 1.0
-        log.count(at, accepted=True, horizon=1.0, latency=0.0)
-        at += spacing.hi * (1 + TUNING.spacing_max_guard)  # as the window's, above
-        log.count(at, accepted=False, horizon=1.0, latency=0.0)
-        spacing.refusal_answered(late)
-        spacing.refused(at, at + late)
-        assert spacing.judge(log, at + late) is Shown.NOTHING
-    assert spacing.on
-    assert spacing.run == 1  # the first, before the refusals' latencies spread
-    assert spacing.guard == pytest.approx(2 * (0.021 - 0.001) / 0.125)  # paced past the jitter
-
-
 # -- the concurrency loop --------------------------------------------------------------------
 
 

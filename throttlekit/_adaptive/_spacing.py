@@ -55,7 +55,6 @@ class Spacing(SlotState):
         "hold",
         "judged_to",
         "last_ok",
-        "latencies",
         "least",
         "lo",
         "on",
@@ -89,7 +88,6 @@ class Spacing(SlotState):
         self.recent: list[float] = []  # the last gaps between acceptances
         self.least = INF  # the shortest gap ever accepted (a burst's, if there was one)
         self.slowest = 0.0  # the longest recent latency of an acceptance (seconds)
-        self.latencies: list[float] = []  # the last latencies of refusals
 
     def __repr__(self) -> str:
         return f"<Spacing on={self.on} lo={self.lo:.4g} hi={self.hi:.4g}>"
@@ -103,21 +101,6 @@ class Spacing(SlotState):
     def answered(self, latency: float) -> None:
         """An acceptance took ``latency`` seconds: answers are judged so long after their send."""
         self.slowest = max(latency, self.config.tuning.spacing_slowest_decay * self.slowest)
-
-    def refusal_answered(self, latency: float) -> None:
-        """A refusal (a status, not a timeout) came back ``latency`` seconds after its send."""
-        latencies = [*self.latencies, latency]
-        self.latencies = latencies[-self.config.tuning.spacing_latencies :]
-
-    def _jitter(self) -> float:
-        """How much later than others a send may reach the server: refusals' latencies' spread.
-
-        A send that leaves late (a busy client) or travels long shows it in
-        its latency, from the grant to the answer; a refusal, answered at
-        once, shows nothing else (an acceptance shows the server's work too).
-        """
-        latencies = self.latencies
-        return max(latencies) - min(latencies) if latencies else 0.0
 
     def judge(self, log: SendLog, now: float) -> Shown:
         """Judge the answers sent long enough ago that all sent before them have answered."""
@@ -188,15 +171,29 @@ class Spacing(SlotState):
                 return
             self.on, self.lo, self.hi, self.run = True, gap, min(recent), 0
             self.guard, self.hold = tuning.spacing_guard, self._least_hold(self.hi)
-        elif gap >= self.hi * tuning.spacing_apart + self._jitter():
+        elif gap >= self.hi * tuning.spacing_apart:
             # Refused this far past a gap it accepted: no leaky bucket of
             # that interval (a bucket with burst, whose burst went through
             # at short gaps, or a window; never taken for one again).
             self.on, self.least = False, 0.0
             return
         elif gap >= self.hi:
-            if not self._refused_past(gap):
+            # Refused no sooner than one accepted: the network and the
+            # server's clock moved the sends (pace further above the
+            # shortest gap accepted), or the limit dropped; a few
+            # such refusals within a hold are a window's, not a bucket's
+            # (never taken for one again).
+            before, after = self.hi * (1.0 + self.guard / 2.0), self.hi * (1.0 + self.guard)
+            if gap < (before + after) / 2.0:
+                # Nearer the pace before the guard last widened than the pace
+                # after: sent before, for a refusal judged already.
                 return
+            self.run += 1
+            if self.run >= tuning.spacing_runs:
+                self.on, self.least = False, 0.0
+                return
+            self.guard = min(tuning.spacing_max_guard, 2.0 * self.guard)
+            self.lo = self.hi / (1.0 + tuning.spacing_resolution)
         else:
             self.lo = max(self.lo, gap)
         if self.rising:
@@ -204,35 +201,6 @@ class Spacing(SlotState):
         self.rising, self.step = False, tuning.spacing_rise
         self.try_at = now + tuning.spacing_settle
         self.probe_at = now + self.hold
-
-    def _refused_past(self, gap: float) -> bool:
-        """A refusal at a ``gap`` no shorter than one accepted; whether the bounds are settled.
-
-        Within twice the spread of the refusals' latencies past it, the
-        sends arrived closer than they left (a busy client, a network): the
-        shortest gap accepted was as short by as much (one that left late,
-        then one on time), so the guard widens to cover that; no window's
-        sign. Further, the sends moved more than the guard allows, or the
-        limit dropped: the guard doubles, and a few such refusals within a
-        hold are a window's, not a bucket's (never taken for one again).
-        """
-        tuning = self.config.tuning
-        jitter = self._jitter()
-        if gap < self.hi + 2.0 * jitter:
-            self.guard = min(tuning.spacing_apart - 1.0, max(self.guard, 2.0 * jitter / self.hi))
-        else:
-            before, after = self.hi * (1.0 + self.guard / 2.0), self.hi * (1.0 + self.guard)
-            if gap < (before + after) / 2.0:
-                # Nearer the pace before the guard last widened than the pace
-                # after: sent before, for a refusal judged already.
-                return False
-            self.run += 1
-            if self.run >= tuning.spacing_runs:
-                self.on, self.least = False, 0.0
-                return False
-            self.guard = min(tuning.spacing_max_guard, 2.0 * self.guard)
-        self.lo = self.hi / (1.0 + tuning.spacing_resolution)
-        return True
 
     def _least_hold(self, interval: float) -> float:
         """A hold long enough that a refused look for a rise costs a small share of the sends."""

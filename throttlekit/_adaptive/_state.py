@@ -104,8 +104,6 @@ class AdaptiveState(Parts):
             self.inflight.accepted(scope.in_flight, exact=scope.in_flight_exact)
             self.spacing.answered(now - sent_at)
             self._accepted(scope, sent_at, now)
-        elif kind is not Kind.OTHER and feedback.status is not None:
-            self.spacing.refusal_answered(now - sent_at)
         echo = loop.echo(sent_at)
         if not (kind is Kind.OVERLOAD and self.errors.errors_limit and echo):
             # (An echo of a limit's refusal counts with that refusal: the end

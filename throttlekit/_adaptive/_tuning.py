@@ -156,11 +156,6 @@ class AdaptiveTuning:
     spacing_lag: float = 1.5
     #: ...which forgets this share per acceptance of the longest one before.
     spacing_slowest_decay: float = 0.95
-    #: The spread of this many of the last latencies of refusals is how
-    #: much later than others a send may reach the server (a busy client, a
-    #: network): refusals within it of the shortest gap accepted are its,
-    #: not a window's. (Refusals, answered at once, show no server's work.)
-    spacing_latencies: int = 20
     #: Seconds after a refusal before the next try below the shortest gap accepted.
     spacing_settle: float = 1.0
     #: A look for a rise widens the lower bound this share below the interval
