@@ -121,6 +121,7 @@ class InFlightLimit(SlotState):
         return Verdict.FOUND
 
     def _found(self, count: int, cap: int | None) -> None:
+        """``count`` is the limit: only a bound if read with the concurrency ``cap`` full."""
         self.count = self.found = count
         self.bound = cap is not None and count + 1 >= cap
 
