@@ -58,7 +58,7 @@ import attrs
 import pytest
 from _server import Hit, LocalServer, Reply
 
-from throttlekit import AutoThrottle, Backoff, Limiter, Rampup, ScopePolicy
+from throttlekit import AutoThrottle, Backoff, Limiter, LimiterListener, Rampup, ScopePolicy
 from throttlekit._settings import DEFAULT_SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -543,28 +543,16 @@ RECIPE_TESTS = {
 }
 
 
-class _Grants:
+class _Grants(LimiterListener):
     """A listener that keeps when each permit of ``scope`` was granted (the limiter's clock)."""
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
         self.at: list[float] = []
 
-    def on_wait(self, permit: Any) -> None:
-        pass
-
     def on_grant(self, permit: Any, waited: float) -> None:
         if self.scope in permit.scopes:
             self.at.append(permit.granted_at)
-
-    def on_fail(self, permit: Any, exc: BaseException, waited: float) -> None:
-        pass
-
-    def on_release(self, permit: Any) -> None:
-        pass
-
-    def on_feedback(self, permit: Any, feedback: Any) -> None:
-        pass
 
 
 def test_recipe_registrable_domain(server: LocalServer) -> None:
