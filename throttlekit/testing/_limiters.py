@@ -33,7 +33,7 @@ from .._checks import (
 )
 from .._clock import wall
 from ._model import SimRequest, SimResponse
-from ._servers import Responder, ServerModel
+from ._servers import Responder, ServerModel, optional_server_model
 
 __all__ = ["FrameworkLimiter", "HAProxyRate", "NginxLimitConn", "NginxLimitReq"]
 
@@ -55,13 +55,6 @@ def _refusal_status(instance: object, attribute: attrs.Attribute[Any], value: ob
     assert isinstance(value, int)
     if value < 400:
         raise ValueError(f"{attribute.name} must be in 400-599 (as nginx allows), got {value!r}")
-
-
-def _optional_model(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and not isinstance(value, ServerModel):
-        raise TypeError(
-            f"{attribute.name} must be a server model (with start()) or None, got {value!r}"
-        )
 
 
 def _optional_whole_seconds(
@@ -190,7 +183,7 @@ class NginxLimitConn:
     limit: int = attrs.field(default=4, validator=at_least_one)
     status: int = attrs.field(default=503, validator=_refusal_status)
     latency: float = attrs.field(default=0.1, validator=non_negative)
-    origin: ServerModel | None = attrs.field(default=None, validator=_optional_model)
+    origin: ServerModel | None = attrs.field(default=None, validator=optional_server_model)
     reject_latency: float = attrs.field(default=0.001, validator=non_negative)
     size: int = attrs.field(default=10_000, validator=non_negative_int)
 

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import attrs
 
 from .._checks import non_negative
 from ._model import SimRequest, SimResponse
-from ._servers import Responder, ServerModel
+from ._servers import Responder, ServerModel, server_model
 
 __all__ = ["Jittered"]
-
-
-def _model(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, ServerModel):
-        raise TypeError(f"{attribute.name} must be a server model (with start()), got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -43,7 +37,7 @@ class Jittered:
         Jittered(server=NginxLimitReq(rate=10, status=429), jitter=0.02)
     """
 
-    server: ServerModel = attrs.field(validator=_model)
+    server: ServerModel = attrs.field(validator=server_model)
     jitter: float = attrs.field(default=0.01, validator=non_negative)
 
     def start(self, rng: random.Random) -> Responder:

@@ -41,6 +41,8 @@ __all__ = [
     "ServerModel",
     "Sites",
     "SoftBlockServer",
+    "optional_server_model",
+    "server_model",
 ]
 
 #: Answers one request sent at ``now`` (virtual seconds).
@@ -63,6 +65,20 @@ class ServerModel(Protocol):
     def start(self, rng: random.Random) -> Responder:
         """A fresh responder for one run, drawing its randomness from ``rng``."""
         ...
+
+
+def server_model(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An attrs validator: ``value`` is a server model."""
+    if not isinstance(value, ServerModel):
+        raise TypeError(f"{attribute.name} must be a server model (with start()), got {value!r}")
+
+
+def optional_server_model(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An attrs validator: ``value`` is a server model or ``None``."""
+    if value is not None and not isinstance(value, ServerModel):
+        raise TypeError(
+            f"{attribute.name} must be a server model (with start()) or None, got {value!r}"
+        )
 
 
 def _jittered(rng: random.Random, value: float, jitter: float) -> float:
@@ -584,13 +600,8 @@ class FlakyServer:
     timeout_rate: float = attrs.field(default=0.02, validator=fraction)
     timeout: float = attrs.field(default=10.0, validator=non_negative)
     reset_rate: float = attrs.field(default=0.0, validator=fraction)
-    origin: ServerModel | None = attrs.field(default=None)
+    origin: ServerModel | None = attrs.field(default=None, validator=optional_server_model)
     size: int = attrs.field(default=10_000, validator=_size)
-
-    @origin.validator
-    def _check_origin(self, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is not None and not isinstance(value, ServerModel):
-            raise TypeError(f"origin must be a server model (with start()) or None, got {value!r}")
 
     def start(self, rng: random.Random) -> Responder:
         origin = (
