@@ -31,7 +31,7 @@ from throttlekit import (
 )
 from throttlekit._autothrottle import autothrottle_delay
 from throttlekit._backoff import low_remaining_pace
-from throttlekit._knock import Knock
+from throttlekit._knock import KNOCK_DRIFT, Knock
 from throttlekit._ledger import ScopeLedger
 from throttlekit.headers import parse
 
@@ -978,6 +978,52 @@ def test_a_quota_whose_resets_are_a_second_or_two_in_whole_seconds_is_set_aside(
     state.on_feedback(ledger, Feedback(status=429, sent_at=0.0, rate_limit=refusal), 0.0)
     ledger.refresh()
     assert ledger.blocked_until == pytest.approx(1.0)  # a refusal's own wait still counts
+
+
+@pytest.mark.parametrize("step", [1.0, 0.001])
+def test_a_reset_rounded_up_to_whole_seconds_is_knocked_on_with_the_lead_kept(step: float) -> None:
+    # express-rate-limit's default headers: X-RateLimit-Reset is the window's
+    # end rounded up to a whole epoch second, and Retry-After comes only with
+    # refusals. A scope that paced the quota for 6 s meets it spent 4.8 s
+    # from that reset: where the reset is rounded up, the knock goes within
+    # the step (half of it first) however long the quota took to spend; a
+    # reset in epoch milliseconds is the server's own, and waited for.
+    ledger = _backoff_ledger(knock=True)
+    state = ledger.controllers[0]
+
+    def spent_at(now: float) -> float:
+        fresh = _info(remaining=49, limit=50, reset=10.0, source="x-ratelimit", reset_step=step)
+        state.on_feedback(ledger, Feedback(status=200, sent_at=now, rate_limit=fresh), now)
+        spent = _spent(4.8, reset_step=step)
+        state.on_feedback(ledger, Feedback(status=200, sent_at=now + 6, rate_limit=spent), now + 6)
+        ledger.refresh()
+        return ledger.blocked_until - (now + 6 + 4.8)
+
+    if step < 1.0:
+        assert spent_at(0.0) == pytest.approx(0.0)
+        return
+    assert spent_at(0.0) == pytest.approx(-0.5)
+    # Accepted: the window opened at the knock, so its next reset is late by
+    # about that lead; the lead is kept, shorter by KNOCK_DRIFT per window.
+    assert spent_at(10.3) == pytest.approx(-0.5 + KNOCK_DRIFT)
+    assert spent_at(20.65) == pytest.approx(-0.5 + 2 * KNOCK_DRIFT)
+
+
+def test_a_rounded_reset_of_a_window_back_a_request_at_a_time_keeps_no_lead() -> None:
+    # A moving window lets go of one request at a time, each stated late by
+    # another share of the second: a knock that got in, its answer showing
+    # the quota spent again, teaches no lead for the next one.
+    ledger = _backoff_ledger(knock=True)
+    state = ledger.controllers[0]
+    whole = _info(remaining=29, limit=30, reset=60.0, source="x-ratelimit", reset_step=1.0)
+    state.on_feedback(ledger, Feedback(status=200, sent_at=0.0, rate_limit=whole), 0.0)
+    spent = _spent(2.0, reset_step=1.0)
+    state.on_feedback(ledger, Feedback(status=200, sent_at=6.0, rate_limit=spent), 6.0)
+    ledger.refresh()
+    assert ledger.blocked_until == pytest.approx(8.0 - 0.5)  # the first knock, within the step
+    state.on_feedback(ledger, Feedback(status=200, sent_at=7.5, rate_limit=spent), 7.5)
+    ledger.refresh()
+    assert ledger.blocked_until == pytest.approx(9.5)  # the next reset is waited for
 
 
 def test_a_knock_state_written_before_a_field_was_added_is_read() -> None:

@@ -434,7 +434,8 @@ class BackoffState(SlotState):
         status = feedback.status
         if config.knock:
             knock = Knock(self._knock)
-            if knock.answered(feedback.sent_at, now, accepted=status is not None and status < 400):
+            accepted = status is not None and status < 400
+            if knock.answered(feedback.sent_at, now, accepted=accepted, info=info):
                 self._cap, self._cap_until = None, -INF  # the window came back early: a new one
             if info is not None:
                 knock.longest = longest_reset(info, knock.longest)

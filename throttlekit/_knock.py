@@ -20,7 +20,8 @@ later than the real one, by a share that changes with the moment it was
 stated: no lead fits it. Where every reset a scope has seen is a few such
 steps away (a window of a second or two), it is too coarse to pace by, and
 the headers' quota is set aside (:func:`coarse`): the answers' refusals then
-teach Adaptive's rate loop, as if the server sent no quota at all.
+teach Adaptive's rate loop, as if the server sent no quota at all. Before a
+longer window it is knocked on within that second (:func:`rounded_up`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ COARSE_STEPS = 3.0
 #: by; above it a scope is paced over the window (``MIN_PACE_RESET``, the same
 #: line), where a second late costs little of it.
 KNOCK_WITHIN = 5.0
+#: The resolution of a reset stated in whole epoch seconds (:func:`rounded_up`).
+WHOLE_SECOND = 1.0
+#: How much shorter the lead kept before a rounded reset gets per window spent
+#: (seconds): more than the network's jitter on one host, and a small share
+#: of any window a knock applies to.
+KNOCK_DRIFT = 0.05
 #: The first knock's lead, as a share of the stated wait: it wins a quarter
 #: and risks one refusal; each accepted knock doubles the step.
 KNOCK_FIRST = 1.0 / 4.0
@@ -84,6 +91,31 @@ def longest_reset(info: RateLimitInfo, longest: float) -> float:
     if info.reset is None or info.source not in DE_FACTO_SOURCES:
         return longest
     return max(longest, info.reset)
+
+
+def rounded_up(info: RateLimitInfo) -> float:
+    """The step of a de-facto reset stated in whole epoch seconds; 0.0 for any other.
+
+    Rounded up to the next whole second (express-rate-limit's ``Math.ceil``
+    of its window's end), it is later than the real one by less than that
+    step, at whatever pace the scope spent the quota: before a window that
+    comes back whole (not a moving window, which lets go of one request at
+    a time, each late by another share), a knock within the step wins that
+    share of each window, and no lead beyond it can. A fixed window that
+    opens at its first request opens at the knock, so its next reset is
+    late by about the lead that knock had: the same lead again
+    lands on the real reset give or take the network's jitter (refused one
+    time in two), so an accepted lead is kept, a little shorter each window
+    spent (:data:`KNOCK_DRIFT`), and searched again once worn to nothing.
+    """
+    step = info.reset_step
+    return step if step is not None and step >= WHOLE_SECOND else 0.0
+
+
+def _whole(info: RateLimitInfo) -> bool:
+    """Whether at least half of ``info``'s quota remains (a window that came back whole)."""
+    remaining, limit = info.remaining, info.limit
+    return remaining is not None and limit is not None and 2 * remaining >= limit
 
 
 def coarse(info: RateLimitInfo, longest: float) -> bool:
@@ -111,8 +143,10 @@ class Knock:
     ``lead`` the lead of the knock under way, sent at or after ``at``;
     ``answers`` counts the scope's answers, ``refused`` its refused knocks;
     ``opened`` is when the quota was last seen back after it was spent
-    (``spent`` 1 since it was spent, 0 once back); ``longest`` is the
-    longest de-facto reset seen (:func:`longest_reset`).
+    (``spent`` 1 since it was spent, 0 once back), ``whole`` 1 when at
+    least half of it came back then (a window that resets whole, not one
+    that lets go of a request at a time); ``longest`` is the longest
+    de-facto reset seen (:func:`longest_reset`).
     """
 
     #: The fields in the order of the plain state, and their values before any answer.
@@ -127,8 +161,9 @@ class Knock:
         "opened",
         "spent",
         "longest",
+        "whole",
     )
-    FRESH = (0.0, INF, 0.0, 0.0, INF, 0.0, 0.0, INF, 1.0, 0.0)  # opened: not seen yet
+    FRESH = (0.0, INF, 0.0, 0.0, INF, 0.0, 0.0, INF, 1.0, 0.0, 0.0)  # opened: not seen yet
 
     __slots__ = FIELDS
     good: float
@@ -141,6 +176,7 @@ class Knock:
     opened: float
     spent: float
     longest: float
+    whole: float
 
     def __init__(self, state: list[float] | None = None) -> None:
         # (A state written by an older version, shared through Redis, lacks
@@ -164,18 +200,25 @@ class Knock:
         since it was last back: there the reset, not the sending, sets the
         pace, and a late one costs much of it (a scope paced over its window
         meets a spent quota just before its reset, and would win little).
+        A reset rounded up to whole epoch seconds (:func:`rounded_up`) is
+        late whatever the pace: it is knocked on within its step, and a lead
+        accepted there is kept rather than searched past.
         """
         reset = info.reset
         if info.remaining is not None and info.remaining > 0 and self.spent:
-            self.opened, self.spent = now, 0.0
+            self.opened, self.spent, self.whole = now, 0.0, float(_whole(info))
         if not self.applies(info):
             return info.wait()
         assert reset is not None
+        step = rounded_up(info) if self.whole else 0.0
+        if step and not self.spent:
+            self.good = max(0.0, self.good - KNOCK_DRIFT)  # (once per window spent)
         self.spent = 1.0
-        top = min(self.bad, reset)
+        top = min(self.bad, reset, step or INF)
         if (
             info.retry_after is not None
-            or reset <= now - self.opened
+            or (step and self.good)
+            or (reset <= now - self.opened and not step)
             or top - self.good <= reset * KNOCK_RESOLUTION
             or self.refused + 1.0 > KNOCK_FREE_REFUSALS + self.answers * KNOCK_REFUSALS
         ):
@@ -202,15 +245,17 @@ class Knock:
         reset = info.reset
         return reset is not None and reset <= KNOCK_WITHIN and info.source in DE_FACTO_SOURCES
 
-    def answered(self, sent_at: float | None, now: float, *, accepted: bool) -> bool:
-        """Learn from an answer; whether it was a knock's, accepted (the window is new).
+    def answered(
+        self, sent_at: float | None, now: float, *, accepted: bool, info: RateLimitInfo | None
+    ) -> bool:
+        """Learn from an answer (``info``: its quota); whether it was a knock's, accepted.
 
         The first answer to a request sent at or after the knock's instant is
         the knock's; it counts with the lead it was sent with (a knock held
         back by the scope's other limits was sent with less). After a refused
         knock, the first request sent once its wait is over knocks again,
         without a lead: how much of the window is back is not known until it
-        answers.
+        answers. An accepted knock says whether the window came back whole.
         """
         self.answers += 1.0
         if sent_at is None or sent_at < self.at:
@@ -218,7 +263,10 @@ class Knock:
         lead = max(0.0, self.lead - (sent_at - self.at))  # the lead it was sent with
         self.at = INF
         if accepted:
-            if lead > self.good:
+            self.whole = float(info is not None and _whole(info))
+            if lead > self.good and (self.whole or info is None or not rounded_up(info)):
+                # (Before a rounded reset, only a window that came back whole
+                # keeps the lead: a moving window's next reset is late by another share.)
                 self.good, self.step = lead, 2.0 * self.step
             return True
         if lead > 0.0:
