@@ -1,7 +1,7 @@
 """The real-limiter suite: Adaptive (in one process, and in three sharing its scope through
 Redis), Backoff alone, an oracle that knows the limit and Scrapy's AutoThrottle against real
-nginx, HAProxy and limits-library limiters, configured as their documentation shows and counted
-from the servers' own access logs.
+nginx, HAProxy, limits-library and express-rate-limit limiters, configured as their documentation
+shows and counted from the servers' own access logs.
 
 Rate limiters as deployed, configured as their own documentation shows, each
 served by a child process on 127.0.0.1 with its own configuration in a
@@ -22,7 +22,11 @@ temporary directory (never a system service; see
   from window to window;
 * the ``limits`` library's fixed window, 60 per minute, opening at the first
   request, with the headers Flask-Limiter sends on every response
-  (``Retry-After`` = the seconds left in the window).
+  (``Retry-After`` = the seconds left in the window);
+* express-rate-limit (Node's most used limiter) with its defaults but for
+  the numbers, ``rateLimit({windowMs: 5000, limit: 25})``: a fixed window
+  from the first request, ``X-RateLimit-*`` on every response with the
+  reset rounded up to a whole epoch second, ``Retry-After`` on refusals only.
 
 Side by side, each client its own process against its own instance of each
 limiter (the limiters key by client address, and every client here is
@@ -42,9 +46,10 @@ announced on a refusal.
 
 Runs last 40 s, one limiter after the other with the five clients at once;
 the fixed minute runs 150 s alongside them. ``--quick`` sends every client to
-every limiter at once for a few seconds, to show the machinery works. nginx
-and HAProxy come from the system's packages: the suite installs them with
-apt-get when it can and otherwise says what it skipped.
+every limiter at once for a few seconds, to show the machinery works. nginx,
+HAProxy and Node come from the system's packages, express and
+express-rate-limit from npm: the suite installs them when it can and
+otherwise says what it skipped.
 
 Usage: ``python -m benchmarks.real_limiters [--quick] [--output FILE] [--plots DIR]
 [--limiters NAME,...] [--clients NAME,...] [--keep DIR]``;
@@ -168,6 +173,16 @@ LIMITERS: tuple[RealLimiter, ...] = (
         LONG_RUN_SECONDS,
         reach_window=60.0,
         reach_by=120.0,
+    ),
+    RealLimiter(
+        "express-rate-limit",
+        "express",
+        "rateLimit({windowMs: 5000, limit: 25}), its defaults otherwise: a window from the "
+        "first request, X-RateLimit-* (the reset rounded up to a whole epoch second) on every "
+        "response, Retry-After on refusals only",
+        5.0,
+        {"rate": 5.0},
+        RUN_SECONDS,
     ),
 )
 
@@ -551,7 +566,7 @@ def _select(names: Sequence[str] | None, known: Sequence[Any], what: str) -> lis
 def _available(
     limiters: Sequence[RealLimiter], clients: Sequence[Client]
 ) -> tuple[list[RealLimiter], list[Client], list[Skip]]:
-    reasons = ensure_servers()
+    reasons = ensure_servers({limiter.server for limiter in limiters})
     skipped: list[Skip] = []
     usable = []
     for limiter in limiters:

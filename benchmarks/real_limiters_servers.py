@@ -1,12 +1,13 @@
-"""The servers of the real-limiter suite: nginx, HAProxy and the Python sites, as child processes.
+"""The real-limiter suite's servers: nginx, HAProxy, the Python and Node sites, as child processes.
 
 One nginx (one ``server`` block and zone per instance), one HAProxy (one
-``frontend`` and stick table per instance) and one Python process
+``frontend`` and stick table per instance), one Python process
 (:mod:`benchmarks.real_limiters_sites`: the ``limits`` library's limiters
-and the slow origin), each with its configuration in the run's directory,
-listening on 127.0.0.1 only and stopped by its own PID. Their access logs,
-with millisecond timestamps and statuses, are read back as
-:data:`~benchmarks.quality_sites.Record` tuples.
+and the slow origin) and one Node process (``real_limiters_express.js``:
+express-rate-limit, installed with npm under :data:`NODE_HOME`), each with
+its configuration in the run's directory, listening on 127.0.0.1 only and
+stopped by its own PID. Their access logs, with millisecond timestamps and
+statuses, are read back as :data:`~benchmarks.quality_sites.Record` tuples.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,17 @@ KINDS = {
     "moving": "python",
     "moving-int": "python",
     "fixed": "python",
+    "express": "node",
 }
+#: The Node packages of the express-rate-limit site (majors as of this suite), and
+#: where npm installs them once per machine (outside the checkout).
+NODE_PACKAGES = ("express@5", "express-rate-limit@8")
+NODE_HOME = Path(tempfile.gettempdir()) / "throttlekit-benchmarks-node"
+#: The express-rate-limit site's rateLimit({windowMs, limit}): 25 per 5 s.
+EXPRESS_WINDOW_MS = 5_000
+EXPRESS_LIMIT = 25
+#: The system packages that provide each server's executable.
+APT_PACKAGES = {"nginx": ("nginx",), "haproxy": ("haproxy",), "node": ("nodejs", "npm")}
 
 
 @dataclass(frozen=True)
@@ -145,27 +157,56 @@ def _executable(name: str) -> str | None:
     return str(candidate) if candidate.exists() else None
 
 
-def ensure_servers() -> dict[str, str | None]:
-    """``{"nginx": ..., "haproxy": ...}``: ``None`` when installed, else why it is skipped.
+def ensure_servers(
+    servers: Collection[str] = ("nginx", "haproxy", "node"),
+) -> dict[str, str | None]:
+    """For each of ``servers``: ``None`` when it can run, else why it is skipped.
 
-    A missing server is installed with apt-get when this runs as root on a
-    system that has it (the package's own service is not used).
+    A missing executable is installed with apt-get when this runs as root on
+    a system that has it (the package's own service is not used); the Node
+    site's packages with npm (:func:`_node_packages`).
     """
-    missing = [name for name in ("nginx", "haproxy") if _executable(name) is None]
+    wanted = [name for name in servers if name in APT_PACKAGES]
+    missing = [name for name in wanted if _executable(name) is None]
     if missing and shutil.which("apt-get") and os.geteuid() == 0:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        packages = [package for name in missing for package in APT_PACKAGES[name]]
         for command in (
             ["apt-get", "update", "-q"],
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
         ):
             subprocess.run(command, env=env, check=False, capture_output=True, timeout=600)
-    return {
+    reasons: dict[str, str | None] = {
         name: None
         if _executable(name)
         else f"{name} is not installed and apt-get could not install it "
-        f"(run as root on a Debian-like system, or install {name})"
-        for name in ("nginx", "haproxy")
+        f"(run as root on a Debian-like system, or install {' and '.join(APT_PACKAGES[name])})"
+        for name in wanted
     }
+    if reasons.get("node", "") is None:
+        reasons["node"] = _node_packages()
+    return reasons
+
+
+def _node_packages() -> str | None:
+    """Install :data:`NODE_PACKAGES` under :data:`NODE_HOME` unless there; why not, if it cannot."""
+    modules = NODE_HOME / "node_modules"
+    if all((modules / name.rsplit("@", 1)[0]).is_dir() for name in NODE_PACKAGES):
+        return None
+    npm = shutil.which("npm")
+    if npm is None:
+        return "npm is not installed (it installs express and express-rate-limit)"
+    NODE_HOME.mkdir(parents=True, exist_ok=True)
+    command = [npm, "install", "--prefix", str(NODE_HOME), "--no-audit", "--no-fund"]
+    try:
+        done = subprocess.run(
+            [*command, *NODE_PACKAGES], capture_output=True, text=True, timeout=600, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return f"npm did not install {' '.join(NODE_PACKAGES)} within 600 s"
+    if done.returncode:
+        return f"npm could not install {' '.join(NODE_PACKAGES)}: {done.stderr.strip()[-300:]}"
+    return None
 
 
 # -- nginx -------------------------------------------------------------------------------
@@ -293,8 +334,9 @@ def _haproxy_records(text: str, frontend: str) -> list[Record]:
     return records
 
 
-def _python_records(text: str) -> list[Record]:
-    """``arrival answer status retry_after``; a refusal's Retry-After is its announced wait."""
+def _site_records(text: str) -> list[Record]:
+    """The Python and Node sites' ``arrival answer status retry_after``; a refusal's
+    Retry-After is its announced wait."""
     records = []
     for line in text.splitlines():
         parts = line.split()
@@ -321,14 +363,14 @@ class Servers:
     def _of(self, server: str) -> list[Instance]:
         return [instance for instance in self.instances if instance.limiter.server == server]
 
-    def _start(self, command: list[str], output: Path) -> None:
+    def _start(self, command: list[str], output: Path, **env: str) -> None:
         path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
         with output.open("wb") as out:
             self.processes.append(
                 subprocess.Popen(
                     command,
                     cwd=self.workdir,
-                    env={**os.environ, "PYTHONPATH": path},
+                    env={**os.environ, "PYTHONPATH": path, **env},
                     stdout=out,
                     stderr=subprocess.STDOUT,
                 )
@@ -351,6 +393,8 @@ class Servers:
                 plan.write_text(json.dumps({"sites": sites}), encoding="utf-8")
                 command = [sys.executable, "-m", "benchmarks.real_limiters_sites", str(plan)]
                 self._start(command, self.workdir / "sites.out")
+            if self._of("node"):
+                self._start_node()
             if self._of("nginx"):
                 self._start_nginx()
             if self._of("haproxy"):
@@ -363,6 +407,16 @@ class Servers:
             self._stop()
             raise
         return self
+
+    def _start_node(self) -> None:
+        limit = {"window_ms": EXPRESS_WINDOW_MS, "limit": EXPRESS_LIMIT}
+        sites = [{"port": i.port, "log": str(i.log), **limit} for i in self._of("node")]
+        plan = self.workdir / "express.json"
+        plan.write_text(json.dumps({"sites": sites}), encoding="utf-8")
+        script = REPO / "benchmarks" / "real_limiters_express.js"
+        command = [str(_executable("node")), str(script), str(plan)]
+        modules = str(NODE_HOME / "node_modules")
+        self._start(command, self.workdir / "express.out", NODE_PATH=modules)
 
     def _start_nginx(self) -> None:
         prefix = self.workdir / "nginx"
@@ -410,5 +464,5 @@ class Servers:
                 instance.records = _haproxy_records(haproxy, frontends[id(instance)])
             elif instance.log.exists():
                 text = instance.log.read_text(errors="replace")
-                parse = _nginx_records if instance.limiter.server == "nginx" else _python_records
+                parse = _nginx_records if instance.limiter.server == "nginx" else _site_records
                 instance.records = parse(text)

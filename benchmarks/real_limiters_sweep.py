@@ -158,6 +158,21 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
         )
         for headers in (True, False)
     ),
+    # express-rate-limit's defaults: a fixed window from the first request,
+    # X-RateLimit-* with the reset rounded up to a whole second, Retry-After on
+    # refusals only.
+    *(
+        _case(
+            f"express-rate-limit {n}/{w:g} s",
+            "express",
+            n / w,
+            FrameworkLimiter(
+                limit=n, window=w, strategy="fixed", retry_after_on_every_response=False
+            ),
+            w,
+        )
+        for n, w in ((50, 10.0), (20, 5.0), (100, 60.0))
+    ),
 )
 
 
