@@ -16,11 +16,13 @@ from throttlekit._adaptive._concurrency import ConcurrencyLoop
 from throttlekit._adaptive._edge import set_edge
 from throttlekit._adaptive._errors import ErrorJudge
 from throttlekit._adaptive._inflight import InFlightLimit, Verdict
+from throttlekit._adaptive._parts import Parts
 from throttlekit._adaptive._phase import Event, Phase, next_phase
 from throttlekit._adaptive._rate import RateLoop
 from throttlekit._adaptive._response import Kind, classify, quota_spent
 from throttlekit._adaptive._sends import SendLog
 from throttlekit._adaptive._spacing import Shown, Spacing
+from throttlekit._adaptive._throttle import on_throttle
 from throttlekit.headers import RateLimitInfo
 
 PACKAGE = Path(throttlekit.__file__).parent / "_adaptive"
@@ -626,6 +628,33 @@ def test_a_refusal_counting_the_pace_held_below_an_edge_that_held_is_sends_jostl
     # Counted well below the pace held, it is a new edge (a limit that moved).
     assert set_edge(loop, _view(), 7.0, 8.0, 1.0, 20.0, 0.0, Phase.HOLD)
     assert loop.edge == 7.0
+
+
+def test_a_refusal_after_a_pause_is_not_counted_from_the_cut_through_the_pause() -> None:
+    # Three processes sharing a scope against Flask-Limiter's moving window
+    # of 10/s: the cut's echoes, refused with nothing through since, paused
+    # sending for a horizon; a refusal 1.9 s after the cut then counted its
+    # edge from the cut, pause included (5.2/s), and the scope held half the
+    # rate for 20 s, one run in three.
+    parts = Parts(Adaptive(), POLICY)
+    log, loop = parts.log, parts.rate_loop
+
+    def answered(start: float, count: int) -> None:
+        for i in range(count):
+            log.count(start + i / 10, accepted=True, horizon=1.0, latency=0.001)
+            parts.closures.accepted(start + i / 10, loop.cut_at)
+
+    parts.closures.begin(0.0)
+    answered(0.0, 20)
+    log.count(2.0, accepted=False, horizon=1.0, latency=0.001)
+    on_throttle(parts, _view(), 2.0, 2.001, 0.0)
+    assert loop.edge == pytest.approx(10.0, abs=1.0)
+    loop.block(loop.cut_at + 1.0)  # (as an echo of the cut does, the server closed)
+    answered(3.01, 9)
+    log.count(3.9, accepted=False, horizon=1.0, latency=0.001)
+    on_throttle(parts, _view(), 3.9, 3.901, 0.0)
+    assert loop.edge is not None
+    assert loop.edge >= 8.0
 
 
 @pytest.mark.parametrize("passed", [False, True])
