@@ -183,7 +183,7 @@ def ensure_servers(
         f"(run as root on a Debian-like system, or install {' and '.join(APT_PACKAGES[name])})"
         for name in wanted
     }
-    if reasons.get("node", "") is None:
+    if "node" in reasons and reasons["node"] is None:  # (node runs: its site's packages too)
         reasons["node"] = _node_packages()
     return reasons
 

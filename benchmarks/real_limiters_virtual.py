@@ -58,8 +58,8 @@ MODELS: dict[str, ServerModel] = {
     "moving": FrameworkLimiter(limit=10, window=1.0, reset_format="float", latency=STATIC_LATENCY),
     "moving-int": FrameworkLimiter(limit=10, window=1.0, latency=STATIC_LATENCY),
     "fixed": FrameworkLimiter(limit=60, window=60.0, strategy="fixed", latency=STATIC_LATENCY),
-    # express-rate-limit's reset is Math.ceil of the window's end, as int(reset + 1) but at
-    # whole seconds; its Retry-After comes with refusals only.
+    # express-rate-limit's reset is Math.ceil of the window's end: the model's int(reset + 1)
+    # but when the end falls on a whole second; its Retry-After comes with refusals only.
     "express": FrameworkLimiter(
         limit=25,
         window=5.0,

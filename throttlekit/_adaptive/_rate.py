@@ -129,6 +129,10 @@ class RateLoop(SlotState):
         """No send before ``until``."""
         self.blocked_until = max(self.blocked_until, until)
 
+    def resumed(self) -> float:
+        """When sending resumed after the last pause: a told wait's end, or a block set since."""
+        return max(self.resumed_at, self.blocked_until)
+
     def echo(self, sent_at: float) -> bool:
         """Sent while the server's window still held the sends from before the last cut.
 

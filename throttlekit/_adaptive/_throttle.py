@@ -307,7 +307,7 @@ def _measure(
         # it let through between them is what it refilled (a count over one
         # horizon would read the rest of a stored burst as a rate).
         edge = min(edge, log.measured(loop.cut_at, sent_at, accepted=True))
-    if loop.holding() and sent_at - 2 * horizon >= max(loop.resumed_at, loop.blocked_until):
+    if loop.holding() and sent_at - 2 * horizon >= loop.resumed():
         # Two horizons of sending without a pause: on fixed windows the last
         # one can hold the end of one window and the start of the next (up
         # to twice the limit); the two's mean cannot.
@@ -340,5 +340,4 @@ def _recount(parts: Parts, sent_at: float) -> bool:
     horizon, span = loop.horizon, sent_at - loop.cut_at
     if not loop.below_new_edge() or not horizon <= span <= 2 * horizon:
         return False
-    paused = max(loop.resumed_at, loop.blocked_until) - loop.cut_at
-    return paused <= parts.config.tuning.recount_pause * span
+    return loop.resumed() - loop.cut_at <= parts.config.tuning.recount_pause * span
