@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on 127.0.0.1:``port``.
+
+    A server started on a port another process took in the meantime (a free
+    port is only free when it was picked) exits, but the port answers: the
+    other process's. Read from ``/proc``; where there is none, assumed true.
+    """
+    try:
+        sockets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        table = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return not Path("/proc").is_dir()
+    for row in table:
+        local, state, inode = (row.split()[index] for index in (1, 3, 9))
+        listening = state == "0A" and int(local.split(":")[1], 16) == port  # (0A: LISTEN)
+        if listening and f"socket:[{inode}]" in sockets:
+            return True
+    return False
+
+
 def free_cluster_port() -> int:
     """A free port whose cluster bus port (10,000 higher) is free too."""
     for _ in range(200):
@@ -109,10 +129,19 @@ def free_cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
+#: First starts tried on fresh ports when the port picked was taken meanwhile.
+PORT_ATTEMPTS = 5
+
+
+class PortTaken(RuntimeError):
+    """Another process listens on the port a server was to start on."""
+
+
 class RedisServer:
     """A redis-server process on a free port of 127.0.0.1, restartable on that port.
 
-    ``binary``: another server program (a ``valkey-server``).
+    ``binary``: another server program (a ``valkey-server``); ``pick_port``
+    picks a free port, again if another process takes it before the first start.
     """
 
     def __init__(
@@ -121,6 +150,7 @@ class RedisServer:
         password: str | None = None,
         tls: bool = False,
         binary: str | None = None,
+        pick_port: Callable[[], int] = free_port,
     ) -> None:
         self.binary = binary or REDIS_SERVER
         if self.binary is None:
@@ -128,7 +158,9 @@ class RedisServer:
             if os.environ.get("CI"):
                 pytest.fail(f"{reason}; it is required in CI")
             pytest.skip(reason)
-        self.port = free_port()
+        self.pick_port = pick_port
+        self.port = pick_port()
+        self.started = False
         self.password = password
         self.tls = tls
         self.options = options
@@ -145,6 +177,21 @@ class RedisServer:
         return Path(self.binary or "").name
 
     def start(self) -> None:
+        """Start the server; a restart keeps the port, a first start picks another
+        if the one it was given was taken meanwhile."""
+        for _ in range(PORT_ATTEMPTS):
+            try:
+                self._start()
+            except PortTaken:
+                if self.started:
+                    raise
+                self.port = self.pick_port()
+                continue
+            self.started = True
+            return
+        raise RuntimeError(f"{self.name}: {PORT_ATTEMPTS} ports were taken before it started")
+
+    def _start(self) -> None:
         assert self.binary is not None
         port_options = ["--port", "0", "--tls-port", str(self.port)] if self.tls else []
         if not self.tls:
@@ -164,15 +211,25 @@ class RedisServer:
             command += ["--requirepass", self.password]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10.0
+        answered = False
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 output = self.process.stdout.read().decode() if self.process.stdout else ""
+                self.stop()
+                if "in use" in output:
+                    raise PortTaken(output[-2000:])
                 raise RuntimeError(f"{self.name} exited: {output[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
+                    answered = True
             except OSError:
-                time.sleep(0.02)
+                answered = False
+            if answered and listens(self.process.pid, self.port):
+                return
+            time.sleep(0.02)  # (the port answers, not ours yet: ours binds, or exits)
+        if answered:
+            self.stop()
+            raise PortTaken(f"another process listens on {self.port}")
         raise RuntimeError(f"{self.name} did not start within 10 s")
 
     def stop(self) -> None:
@@ -225,7 +282,7 @@ class RedisClusterServers:
         node_timeout: int = 2000,
     ) -> None:
         def node(name: str) -> RedisServer:
-            server = RedisServer(
+            return RedisServer(
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
@@ -237,9 +294,8 @@ class RedisClusterServers:
                 "--repl-diskless-sync-delay",
                 "0",  # (a replica's first sync at once, not after 5 s)
                 binary=binary,
+                pick_port=free_cluster_port,
             )
-            server.port = free_cluster_port()
-            return server
 
         self.nodes = [node(str(index)) for index in range(len(self.RANGES))]
         self.replica_of = replicas

@@ -31,12 +31,14 @@ import redis.asyncio as aioredis
 from _redis import (
     CLIENT_LIBRARIES,
     NEEDS_VALKEY,
+    PortTaken,
     RedisServer,
     backend_keys,
     client_errors,
     client_module,
     fast,
     free_port,
+    listens,
     make_backend,
 )
 from aiohttp import web
@@ -965,3 +967,31 @@ def test_from_url_rejects_an_unknown_client_library() -> None:
         RedisBackend.from_url("redis://127.0.0.1:6379/0", client_library="keydb")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="client_library"):
         RedisBackend.from_url("redis://127.0.0.1:6379/0", client_library=3)  # type: ignore[arg-type]
+
+
+# -- the test servers themselves --------------------------------------------------------------
+
+
+def test_a_server_whose_port_was_taken_meanwhile_starts_on_another() -> None:
+    """A port picked free but taken before the server started (by another test's
+    server): the first start moves to a fresh port, where the old check (the
+    port answers) took the other server for its own; a restart keeps its port
+    and says it is taken."""
+    first = RedisServer()
+    first.start()
+    picks = iter([first.port])
+    second = RedisServer(pick_port=lambda: next(picks, 0) or free_port())
+    third = RedisServer(pick_port=lambda: second.port)
+    try:
+        second.start()
+        assert second.port != first.port
+        assert second.process is not None
+        assert listens(second.process.pid, second.port)
+        second.stop()
+        third.start()  # (on the port ``second`` had)
+        with pytest.raises(PortTaken):
+            second.start()
+        assert third.port == second.port
+    finally:
+        for server in (first, second, third):
+            server.stop()
