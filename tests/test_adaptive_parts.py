@@ -377,6 +377,25 @@ def test_counts_one_apart_are_one_limit_where_the_count_is_not_exact() -> None:
     assert verdicts[False] == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
 
 
+def test_refusals_with_more_in_flight_than_the_rate_holds_are_a_burst_not_a_limit() -> None:
+    # Three processes through Redis against nginx limit_req 20r/s burst=10:
+    # the opening's refusals read 3, 3 and 3 leases at 31, 31 and 30/s. Those
+    # answers come back in 2 ms, so 30/s holds 0.06 in flight on average: no
+    # limit on requests in flight refuses there. Taken for one of 3, the scope
+    # lost its rate and sent 22 refused requests in 80 ms. Behind a 100 ms
+    # origin the same readings hold 3 on average: a limit in flight.
+    verdicts: dict[float, list[Verdict]] = {}
+    for latency in (0.002, 0.1):
+        detector = InFlightLimit(TUNING)
+        verdicts[latency] = []
+        for sent_at in (2.40, 2.45, 2.50):
+            log = _log(*((sent_at - 1 + (i + 0.5) / 30, True) for i in range(30)))
+            verdict = detector.refused(3, sent_at, log, exact=False, latency=latency)
+            verdicts[latency].append(verdict)
+    assert verdicts[0.002] == [Verdict.NOTHING] * 3
+    assert verdicts[0.1] == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
+
+
 def test_a_refusal_just_below_an_inexact_limit_lowers_it() -> None:
     detector = InFlightLimit(TUNING)
     for sent_at, accepted in ((10.0, 10), (20.0, 20), (30.0, 30)):

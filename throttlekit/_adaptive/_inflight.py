@@ -42,6 +42,9 @@ class InFlightLimit(SlotState):
     not yet released), counts ``inflight_noise`` apart are one count, the
     limit is the lowest, and a refusal that much below the limit found
     lowers it rather than disproving it.
+
+    A refusal with far more in flight than the rate accepted holds on
+    average is no evidence either way (see :meth:`_burst`).
     """
 
     __slots__ = ("above", "bound", "count", "found", "refusals", "tuning")
@@ -79,27 +82,22 @@ class InFlightLimit(SlotState):
         cap: int | None = None,
         judge: bool = True,
         exact: bool = True,
+        latency: float | None = None,
     ) -> Verdict:
         """A refusal of a request sent at ``sent_at`` with ``flying`` others in flight.
 
         ``cap`` is the concurrency in force (``None``: none). With ``judge``
         false it is only counted (an error that may be a random one: the
         caller judges once errors are many). ``exact``: whether the count
-        is exact (see the class).
+        is exact (see the class). ``latency``: the mean latency of accepted
+        requests, if known (see :meth:`_burst`).
         """
         tuning = self.tuning
         noise = self._noise(exact)
         if self.count is not None:
-            if flying < self.found - noise:  # refused below the limit found
-                if not self.bound or flying < tuning.inflight_fewest:
-                    self.count, self.refusals = None, []  # not (only) one
-                    return Verdict.NOTHING
-                self._found(flying, cap)  # it was a bound: this reads it lower
-                return Verdict.FOUND
-            if flying < self.count:  # a count read high: the cap let one too many through
-                self.count = flying
-                return Verdict.FOUND
-            return Verdict.KNOWN
+            return self._again(flying, cap, noise)
+        if latency is not None and self._burst(flying - noise, sent_at, log, latency):
+            return Verdict.NOTHING
         horizon = tuning.edge_horizon
         rate = log.measured(sent_at - horizon, sent_at, accepted=True) + flying
         refusals = self.refusals
@@ -119,6 +117,36 @@ class InFlightLimit(SlotState):
             return Verdict.NOTHING
         self._found(int(min(counts)), cap)
         return Verdict.FOUND
+
+    def _again(self, flying: int, cap: int | None, noise: int) -> Verdict:
+        """A refusal once the limit was found: below it, it disproves or refines it."""
+        if flying < self.found - noise:  # refused below the limit found
+            if not self.bound or flying < self.tuning.inflight_fewest:
+                self.count, self.refusals = None, []  # not (only) one
+                return Verdict.NOTHING
+            self._found(flying, cap)  # it was a bound: this reads it lower
+            return Verdict.FOUND
+        assert self.count is not None
+        if flying < self.count:  # a count read high: the cap let one too many through
+            self.count = flying
+            return Verdict.FOUND
+        return Verdict.KNOWN
+
+    def _burst(self, flying: int, sent_at: float, log: SendLog, latency: float) -> bool:
+        """Whether ``flying`` in flight is far more than the rate accepted holds on average.
+
+        A limit on requests in flight refuses only once it is full, and is
+        full on average (the rate it accepts times its latency: Little's
+        law). A rate limit's burst, of answers back within a millisecond or
+        two, refuses with a few in flight that its rate never holds. (The
+        rate counts those still in flight: their answers are not logged.)
+        """
+        sends = log.sends
+        if not sends:
+            return False
+        start = max(sent_at - self.tuning.edge_horizon, sends[0][0])
+        rate = log.measured(start, sent_at, accepted=True, extra=flying)
+        return flying > self.tuning.inflight_held * rate * latency
 
     def _found(self, count: int, cap: int | None) -> None:
         """``count`` is the limit: only a bound if read with the concurrency ``cap`` full."""

@@ -236,7 +236,10 @@ def in_flight_limit(
     inflight = parts.inflight
     exact = scope.in_flight_exact
     cap = scope.concurrency
-    verdict = inflight.refused(flying, sent_at, parts.log, cap=cap, judge=judge, exact=exact)
+    latency = parts.concurrency_loop.latency
+    verdict = inflight.refused(
+        flying, sent_at, parts.log, cap=cap, judge=judge, exact=exact, latency=latency
+    )
     if verdict is Verdict.NOTHING:
         return False
     if verdict is Verdict.KNOWN:

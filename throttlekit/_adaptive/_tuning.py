@@ -271,6 +271,11 @@ class AdaptiveTuning:
     #: Where the count in flight is not exact (a backend shared by processes
     #: counts leases), counts this far apart are one count.
     inflight_noise: int = 1
+    #: A limit on requests in flight refuses with about that many in flight
+    #: on average (Little's law: the rate accepted times the latency); a
+    #: refusal at a count over this many times what they hold came in a
+    #: burst at a rate limit (or counted leases not sent yet).
+    inflight_held: float = 2.0
 
     # -- the concurrency loop ----------------------------------------------------------
     #: The concurrency limit at the start (Vegas slow start doubles it per round).
