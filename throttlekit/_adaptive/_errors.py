@@ -177,7 +177,9 @@ class ErrorJudge(SlotState):
         it), since steps of a few errors each let the hold end first.
         Once held lower, a limit's refusals thin out and random errors come
         as often: then the margin is the headroom again and they widen it no
-        more. ``margin`` is the margin now and the headroom.
+        more. ``margin`` is the margin now and the headroom. Errors that
+        come so with the margin as wide already give it back unchanged:
+        the caller holds no faster than what got through meanwhile.
         """
         tuning = self.tuning
         if self.widen_off:
@@ -193,7 +195,5 @@ class ErrorJudge(SlotState):
             self.widen_off = True
             logger.debug("scope %s: errors as many held lower: random ones", scope.name)
             return margin[1]
-        if margin[0] < (widest := max(tuning.error_margin, fewer)):
-            self.widen_share = share
-            return widest
-        return None
+        self.widen_share = share
+        return max(margin[0], tuning.error_margin, fewer)

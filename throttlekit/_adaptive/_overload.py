@@ -75,7 +75,7 @@ def _judged_a_limit(
     if not limit:
         return False
     if holding and not _hold_errors(parts, sent_at):
-        _widen(parts, scope, now)
+        _widen(parts, scope, sent_at, now)
         return False
     errors.hold_cuts += holding
     if errors.hold_cuts > parts.config.tuning.hold_cuts:
@@ -193,19 +193,32 @@ def _hold_errors(parts: Parts, sent_at: float) -> bool:
     return sent - accepted >= parts.config.tuning.hold_errors * sent
 
 
-def _widen(parts: Parts, scope: ScopeView, now: float) -> None:
-    """An error while holding, too few to tell a refusal from a random one: maybe widen."""
-    loop = parts.rate_loop
+def _widen(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> None:
+    """An error while holding, too few to tell a refusal from a random one: maybe widen.
+
+    Errors enough to widen the margin also hold the rate no faster than
+    what got through since the first of them. An edge that counted a
+    token bucket's stored burst holds above the bucket's rate, and the
+    bucket then lets through exactly its rate between its refusals; random
+    errors come as often once held so, and then the margin is the headroom
+    again (:meth:`Errors.widened`).
+    """
+    loop, errors = parts.rate_loop, parts.errors
     edge = loop.edge
     if edge is None:
         return
-    margin = parts.errors.widened(
-        scope, now, loop.rate, loop.one_fewer(edge), (loop.margin, parts.config.headroom)
-    )
+    since = max(errors.widen_from, loop.resumed())
+    headroom = parts.config.headroom
+    margin = errors.widened(scope, now, loop.rate, loop.one_fewer(edge), (loop.margin, headroom))
     if margin is None:
         return
     loop.margin = margin
     loop.target = edge * (1.0 - margin)
+    log = parts.log
+    since = max(since, log.sends[0][0]) if log.sends else sent_at  # (what the log holds)
+    if margin > headroom and sent_at - since >= loop.horizon:
+        got = log.measured(since, sent_at, accepted=True)
+        loop.target = min(loop.target, max(got, parts.config.tuning.min_estimate))
     # (A rate still climbing back below the edge is not raised by a margin.)
     loop.rate = min(loop.rate, loop.target)
     logger.debug("scope %s: errors while holding: rate -> %.3f/s", scope.name, loop.rate)
