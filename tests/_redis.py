@@ -100,7 +100,8 @@ def listens(pid: int, port: int) -> bool:
 
     A server started on a port another process took in the meantime (a free
     port is only free when it was picked) exits, but the port answers: the
-    other process's. Read from ``/proc``; where there is none, assumed true.
+    other process's. Read from ``/proc``, whose table read while it changes
+    may miss a row (the caller asks again); where there is none, assumed true.
     """
     try:
         sockets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}

@@ -201,21 +201,20 @@ def _widen(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> None:
     token bucket's stored burst holds above the bucket's rate, and the
     bucket then lets through exactly its rate between its refusals; random
     errors come as often once held so, and then the margin is the headroom
-    again (:meth:`Errors.widened`).
+    again (:meth:`ErrorJudge.widened`).
     """
-    loop, errors = parts.rate_loop, parts.errors
+    loop, errors, log = parts.rate_loop, parts.errors, parts.log
     edge = loop.edge
     if edge is None:
         return
-    since = max(errors.widen_from, loop.resumed())
+    # (Counted from the first of those errors, within what the log holds.)
+    since = max(errors.widen_from, loop.resumed(), log.sends[0][0] if log.sends else INF)
     headroom = parts.config.headroom
     margin = errors.widened(scope, now, loop.rate, loop.one_fewer(edge), (loop.margin, headroom))
     if margin is None:
         return
     loop.margin = margin
     loop.target = edge * (1.0 - margin)
-    log = parts.log
-    since = max(since, log.sends[0][0]) if log.sends else sent_at  # (what the log holds)
     if margin > headroom and sent_at - since >= loop.horizon:
         got = log.measured(since, sent_at, accepted=True)
         loop.target = min(loop.target, max(got, parts.config.tuning.min_estimate))
