@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 from .._controller import SlotState
 from ._sends import SendLog
@@ -141,10 +142,10 @@ class InFlightLimit(SlotState):
         two, refuses with a few in flight that its rate never holds. (The
         rate counts those still in flight: their answers are not logged.)
         """
-        sends = log.sends
-        if not sends:
+        oldest = log.oldest()
+        if oldest == math.inf:
             return False
-        start = max(sent_at - self.tuning.edge_horizon, sends[0][0])
+        start = max(sent_at - self.tuning.edge_horizon, oldest)
         rate = log.measured(start, sent_at, accepted=True, extra=flying)
         return flying > self.tuning.inflight_held * rate * latency
 

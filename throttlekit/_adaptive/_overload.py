@@ -208,7 +208,7 @@ def _widen(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> None:
     if edge is None:
         return
     # (Counted from the first of those errors, within what the log holds.)
-    since = max(errors.widen_from, loop.resumed(), log.sends[0][0] if log.sends else INF)
+    since = max(errors.widen_from, loop.resumed(), log.oldest())
     headroom = parts.config.headroom
     margin = errors.widened(scope, now, loop.rate, loop.one_fewer(edge), (loop.margin, headroom))
     if margin is None:

@@ -126,6 +126,13 @@ class SendLog(SlotState):
             return 0.0
         return (len(accepted) - 1) / (accepted[-1] - accepted[0])
 
+    def oldest(self) -> float:
+        """The send instant of the oldest send the log holds (``inf``: none).
+
+        No count of the log reaches back further.
+        """
+        return self.sends[0][0] if self.sends else INF
+
     def first_refused(self) -> float | None:
         """The send instant of the oldest refusal the log holds (``None``: none)."""
         return next((entry[0] for entry in self.sends if not entry[1]), None)
