@@ -225,8 +225,33 @@ def test_a_refusal_at_half_the_gaps_accepted_shows_a_leaky_bucket() -> None:
     assert shown is Shown.FOUND
     assert (spacing.lo, spacing.hi) == pytest.approx((0.0625, 0.125))
     assert spacing.interval(1.0) == pytest.approx(0.125 * (1 + TUNING.spacing_guard))
-    # A settle after it was judged, a try at the middle of the bounds.
-    assert spacing.interval(1.0 + TUNING.spacing_settle) == pytest.approx(0.09375)
+    # A settle after it was judged, a try below the shortest gap accepted:
+    # a step of the resolution, not the middle of the bounds (0.09375 s),
+    # which is refused where the interval is 0.1 s.
+    step = 0.125 / (1 + TUNING.spacing_resolution)
+    assert spacing.interval(1.0 + TUNING.spacing_settle) == pytest.approx(step)
+
+
+def test_tries_step_down_from_the_shortest_gap_accepted_to_the_middle_of_narrow_bounds() -> None:
+    spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
+    assert spacing.judge(log, 1.0) is Shown.FOUND
+    at, now = 0.6875, 1.0 + TUNING.spacing_settle
+    for _ in range(4):  # each try accepted: the next steps down from it
+        gap = spacing.interval(now)
+        assert gap == pytest.approx(max((spacing.lo + spacing.hi) / 2, spacing.hi / 1.05))
+        at = max(at + gap, now)
+        log.count(at, accepted=True, horizon=1.0, latency=0.0)
+        now = at + 0.01
+        spacing.judge(log, now)
+    assert spacing.hi < 0.125 / 1.05**3
+    at += spacing.interval(now)  # refused: the bounds are within the resolution
+    log.count(at, accepted=False, horizon=1.0, latency=0.0)
+    spacing.refused(at, at)
+    spacing.judge(log, at)
+    assert spacing.hi <= spacing.lo * (1 + TUNING.spacing_resolution)
+    assert spacing.interval(at + TUNING.spacing_settle) == pytest.approx(
+        spacing.hi * (1 + spacing.guard)
+    )
 
 
 def test_a_window_that_let_a_burst_through_is_not_a_leaky_bucket() -> None:
@@ -281,6 +306,45 @@ def test_refusals_at_gaps_it_had_accepted_are_a_window_for_good() -> None:
         shown = spacing.judge(log, at)
     assert shown is Shown.LOST
     assert spacing.least == 0.0  # never taken for a leaky bucket again
+
+
+def test_refusals_at_gaps_it_had_accepted_far_apart_are_the_networks() -> None:
+    # Three processes through Redis at nginx's 10 r/s: the network moves
+    # a send closer to the last now and then; a window paced too fast
+    # refuses every few sends.
+    spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
+    assert spacing.judge(log, 0.7) is Shown.FOUND
+    at = 0.75
+    for _ in range(2 * TUNING.spacing_runs):
+        for _ in range(TUNING.spacing_widen_apart + 1):
+            at += spacing.hi * (1 + TUNING.spacing_max_guard)
+            log.count(at, accepted=True, horizon=1.0, latency=0.0)
+            spacing.judge(log, at)
+        at += spacing.hi * (1 + TUNING.spacing_max_guard)
+        log.count(at, accepted=False, horizon=1.0, latency=0.0)
+        spacing.refused(at, at)
+        assert spacing.judge(log, at) is Shown.NOTHING
+    assert spacing.on
+    assert spacing.guard == TUNING.spacing_guard  # too rare to widen it
+
+
+def test_refusals_at_the_widest_guard_are_no_leaky_buckets() -> None:
+    # A bucket with burst, whose burst lowered the shortest gap accepted:
+    # refused every 18 sends at the widest guard (nginx's 7 r/s, burst=2).
+    spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
+    assert spacing.judge(log, 0.7) is Shown.FOUND
+    spacing.guard = TUNING.spacing_max_guard
+    at, shown = 0.75, Shown.NOTHING
+    for _ in range(TUNING.spacing_runs):
+        for _ in range(TUNING.spacing_runs_apart + 8):
+            at += spacing.hi * (1 + TUNING.spacing_max_guard)
+            log.count(at, accepted=True, horizon=1.0, latency=0.0)
+            spacing.judge(log, at)
+        at += spacing.hi * (1 + TUNING.spacing_max_guard)
+        log.count(at, accepted=False, horizon=1.0, latency=0.0)
+        spacing.refused(at, at)
+        shown = spacing.judge(log, at)
+    assert shown is Shown.LOST
 
 
 # -- the concurrency loop --------------------------------------------------------------------

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 __all__ = ["Shown", "Spacing"]
 
 INF = math.inf
+#: A step refused sets ``lo`` to ``hi`` over the resolution: narrow, whatever
+#: the rounding of the division.
+ROUNDING = 1.0 + 1e-9
 
 
 class Shown(enum.Enum):
@@ -63,6 +66,7 @@ class Spacing(SlotState):
         "recent",
         "rising",
         "run",
+        "run_ok",
         "slowest",
         "step",
         "try_at",
@@ -82,6 +86,7 @@ class Spacing(SlotState):
         self.rising = False  # a look for a rise, not refused yet
         self.step = tuning.spacing_rise  # how far below ``hi`` it looks for a rise
         self.run = 0  # refusals at gaps it had accepted, since the last look for a rise
+        self.run_ok = 0  # acceptances judged since the last of them
         self.pending: list[float] = []  # refusals (send instants) not judged yet
         self.judged_to = -INF  # the answers sent up to this instant are judged
         self.last_ok: float | None = None  # the last acceptance judged (send instant)
@@ -124,7 +129,7 @@ class Spacing(SlotState):
         """The spacing to send at now: a try between the bounds, or the shortest accepted."""
         tuning = self.config.tuning
         lo, hi = self.lo, self.hi
-        narrow = hi <= lo * (1.0 + tuning.spacing_resolution)
+        narrow = hi <= lo * (1.0 + tuning.spacing_resolution) * ROUNDING
         if narrow and now >= self.probe_at:
             # Settled for a hold: look for a rise, and narrow the guard again.
             self.lo = lo = hi / (1.0 + self.step)
@@ -132,7 +137,11 @@ class Spacing(SlotState):
             self.rising, narrow, self.run = True, False, 0
             self.probe_at = INF
         if not narrow and now >= self.try_at:
-            return (lo + hi) / 2.0
+            # No further below the shortest gap accepted than the resolution:
+            # a try accepted costs nothing and moves ``hi`` down, one refused
+            # costs a refusal (halving (0.064, 0.126] s at nginx's 10 r/s cost
+            # three; stepping down costs one, and five sends more).
+            return max((lo + hi) / 2.0, hi / (1.0 + tuning.spacing_resolution))
         return hi * (1.0 + self.guard)
 
     def _accepted(self, sent_at: float) -> None:
@@ -142,6 +151,7 @@ class Spacing(SlotState):
         if last is None:
             return
         gap = sent_at - last
+        self.run_ok += 1
         self.recent = [*self.recent, gap][-tuning.spacing_fewest :]
         self.least = min(self.least, gap)
         if not self.on or gap >= self.hi:
@@ -169,7 +179,7 @@ class Spacing(SlotState):
                 or gap >= self.least  # a burst was accepted: a window, or a bucket with burst
             ):
                 return
-            self.on, self.lo, self.hi, self.run = True, gap, min(recent), 0
+            self.on, self.lo, self.hi, self.run, self.run_ok = True, gap, min(recent), 0, 0
             self.guard, self.hold = tuning.spacing_guard, self._least_hold(self.hi)
         elif gap >= self.hi * tuning.spacing_apart:
             # Refused this far past a gap it accepted: no leaky bucket of
@@ -178,22 +188,8 @@ class Spacing(SlotState):
             self.on, self.least = False, 0.0
             return
         elif gap >= self.hi:
-            # Refused no sooner than one accepted: the network and the
-            # server's clock moved the sends (pace further above the
-            # shortest gap accepted), or the limit dropped; a few
-            # such refusals within a hold are a window's, not a bucket's
-            # (never taken for one again).
-            before, after = self.hi * (1.0 + self.guard / 2.0), self.hi * (1.0 + self.guard)
-            if gap < (before + after) / 2.0:
-                # Nearer the pace before the guard last widened than the pace
-                # after: sent before, for a refusal judged already.
+            if not self._at_accepted_gap(gap):
                 return
-            self.run += 1
-            if self.run >= tuning.spacing_runs:
-                self.on, self.least = False, 0.0
-                return
-            self.guard = min(tuning.spacing_max_guard, 2.0 * self.guard)
-            self.lo = self.hi / (1.0 + tuning.spacing_resolution)
         else:
             self.lo = max(self.lo, gap)
         if self.rising:
@@ -201,6 +197,35 @@ class Spacing(SlotState):
         self.rising, self.step = False, tuning.spacing_rise
         self.try_at = now + tuning.spacing_settle
         self.probe_at = now + self.hold
+
+    def _at_accepted_gap(self, gap: float) -> bool:
+        """A refusal no sooner than a gap accepted; whether it bounds the interval still.
+
+        The network and the server's clock moved the sends (pace further
+        above the shortest gap accepted), or the limit dropped. One far from
+        the last such refusal is the network's, and starts a run anew; the
+        guard widens only for those more often than the share kept. A few
+        close together within a hold, or at the widest guard, are a
+        window's or a bucket with burst's, whose burst lowered the shortest
+        gap accepted (never taken for one again).
+        """
+        tuning = self.config.tuning
+        before, after = self.hi * (1.0 + self.guard / 2.0), self.hi * (1.0 + self.guard)
+        if gap < (before + after) / 2.0:
+            # Nearer the pace before the guard last widened than the pace
+            # after: sent before, for a refusal judged already.
+            return False
+        often = self.run_ok < tuning.spacing_widen_apart
+        widest = self.guard >= tuning.spacing_max_guard
+        self.run = 1 if self.run_ok > tuning.spacing_runs_apart and not widest else self.run + 1
+        self.run_ok = 0
+        if self.run >= tuning.spacing_runs:
+            self.on, self.least = False, 0.0
+            return False
+        if often:
+            self.guard = min(tuning.spacing_max_guard, 2.0 * self.guard)
+        self.lo = self.hi / (1.0 + tuning.spacing_resolution)
+        return True
 
     def _least_hold(self, interval: float) -> float:
         """A hold long enough that a refused look for a rise costs a small share of the sends."""

@@ -148,8 +148,12 @@ class AdaptiveTuning:
     #: Paced this share above the shortest gap accepted: the network and the
     #: server's millisecond clock move a send by a millisecond or two...
     spacing_guard: float = 0.02
-    #: ...doubled per refusal at a gap that had been accepted, up to this.
+    #: ...doubled per refusal at a gap that had been accepted, up to this...
     spacing_max_guard: float = 0.16
+    #: ...when it came within this many acceptances of the last such refusal:
+    #: rarer ones are a small share of the sends (nginx's 10 r/s, one process:
+    #: one every 7 to 10 s took the guard to 16 %, 89 % of what it allows).
+    spacing_widen_apart: int = 100
     #: Answers are judged once this many of the longest recent latencies of
     #: acceptances have passed since their send (a refusal comes back at once;
     #: those sent before it, accepted, only after the server's work)...
@@ -162,8 +166,14 @@ class AdaptiveTuning:
     #: (a try there is refused once if the limit has not moved); the share
     #: doubles while the tries are accepted.
     spacing_rise: float = 0.05
-    #: Refusals at gaps it had accepted, within a hold: a window, not a leaky bucket.
+    #: Refusals at gaps it had accepted, within a hold: a window, not a leaky bucket...
     spacing_runs: int = 3
+    #: ...each within this many acceptances of the one before. A window paced
+    #: faster than it allows refuses every few sends; a leaky bucket refuses
+    #: one send in tens where the network moved two sends closer (three
+    #: processes through Redis at nginx's 10 r/s: four such refusals 2 to 20
+    #: acceptances apart in 8 s, taken for a window: held at 77 % of it).
+    spacing_runs_apart: int = 10
 
     # -- slow servers ----------------------------------------------------------------
     #: A latency above this share of the horizon makes a refusal's count wait
