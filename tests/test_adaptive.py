@@ -1319,3 +1319,17 @@ def test_a_refusal_only_a_budget_of_another_scope_explains_keeps_the_headers(
     ledger.on_feedback(refused, 0.2)
     assert adaptive.rate_loop.headers_short is rate_loop
     assert (adaptive.rate_loop.phase != "stated") is rate_loop
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_burst_refilled_while_paused_is_spent_at_what_gets_through(backend: str) -> None:
+    # nginx's limit_req at 5 r/s with burst=5 nodelay: the burst it refilled
+    # during the pause after the first cut read 10/s again and confirmed
+    # that edge; held at 9.6/s every other send was refused until a horizon
+    # had passed (12 refused in 40 s). Half or more of the sends since the
+    # cut refused now hold the scope no faster than those that got through.
+    trace = _run(
+        NginxLimitReq(rate=5, burst=5, nodelay=True, status=429, latency=0.05), 40.0, backend
+    )
+    assert _ok_rate(trace, 20, 40) >= 0.95 * 5
+    assert _refused(trace) < 0.05

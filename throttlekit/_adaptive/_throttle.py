@@ -186,21 +186,38 @@ def judge_spacing(parts: Parts, scope: ScopeView, now: float) -> None:
         loop.spaced(spacing.interval(now), spacing.hi, now)
 
 
-def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> bool:
-    """Whether a refusal showed a new edge over-counted (see :meth:`RateLoop.overcounted`)."""
+def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> None:
+    """An echo sent after its cut's pause: a new edge over-counted, or a stored burst spent.
+
+    See :meth:`RateLoop.overcounted`. Below any edge, new or confirmed: once
+    ``spent_fewest`` sends since sending resumed have answered and at least
+    half were refused, no faster than those accepted came. A bucket whose
+    stored burst is spent lets through what it refills, and held above its
+    rate refuses about every other send; a window refuses every send until
+    it frees up, and then none.
+    """
     loop = parts.rate_loop
-    if not loop.overcounted(sent_at, now):
-        return False
-    logger.debug("scope %s: %s", scope.name, loop.reason.removeprefix("adaptive: "))
+    if loop.overcounted(sent_at, now):
+        logger.debug("scope %s: %s", scope.name, loop.reason.removeprefix("adaptive: "))
     # (Counted from when sending resumed: a wait told or decided sends nothing.)
     start = max(loop.cut_at, loop.blocked_until)
+    if not loop.holding() or sent_at < start:
+        return
     sends = parts.log.between(start, sent_at)
     got = sum(entry[1] for entry in sends)
-    if got and len(sends) >= parts.config.tuning.spent_fewest and 2 * got < len(sends):
-        # Most sends since the cut refused: a stored burst spent, the bucket
-        # lets through what it refills; no faster than that.
-        loop.rate = min(loop.rate, got / (sent_at - start))
-    return True
+    if not got or len(sends) < parts.config.tuning.spent_fewest or 2 * got > len(sends):
+        return
+    rate = got / (sent_at - start)
+    if rate < loop.rate:
+        loop.rate = rate
+        logger.debug(
+            "scope %s: %d of %d sends since the cut refused: a stored burst spent, "
+            "no faster than the %.3f/s that got through",
+            scope.name,
+            len(sends) - got,
+            len(sends),
+            rate,
+        )
 
 
 def _echo(

@@ -79,10 +79,13 @@ class AdaptiveTuning:
     #: from a limit's there, should not slow it further.
     overcount_steps: int = 2
     #: ...but once this many sends since sending resumed after the cut have
-    #: answered and most were refused, no faster than those accepted came (a
-    #: token bucket's stored burst read as its rate, nginx's ``rate=20r/s
-    #: burst=40 nodelay``: the steps kept 40/s and more for a second, 27
-    #: refusals in 40 s at 429, 10 with this).
+    #: answered and at least half were refused, no faster than those accepted
+    #: came (a token bucket's stored burst read as its rate, nginx's
+    #: ``rate=20r/s burst=40 nodelay``: the steps kept 40/s and more for a
+    #: second, 27 refusals in 40 s at 429, 10 with this). Below a confirmed
+    #: edge too: at ``rate=5r/s burst=5 nodelay`` a burst refilled while
+    #: paused confirmed an edge of 10/s, and at 9.6/s every other send was
+    #: refused for the rest of the horizon.
     spent_fewest: int = 6
     #: Seconds over which the rate climbs from its restart to the target.
     recover_time: float = 2.0
@@ -168,11 +171,9 @@ class AdaptiveTuning:
     spacing_rise: float = 0.05
     #: Refusals at gaps it had accepted, within a hold: a window, not a leaky bucket...
     spacing_runs: int = 3
-    #: ...each within this many acceptances of the one before. A window paced
-    #: faster than it allows refuses every few sends; a leaky bucket refuses
-    #: one send in tens where the network moved two sends closer (three
-    #: processes through Redis at nginx's 10 r/s: four such refusals 2 to 20
-    #: acceptances apart in 8 s, taken for a window: held at 77 % of it).
+    #: ...each within this many acceptances of the one before: a window paced
+    #: too fast refuses every few sends, the network one in tens (three
+    #: processes at nginx's 10 r/s: four 2 to 20 apart, taken for a window).
     spacing_runs_apart: int = 10
 
     # -- slow servers ----------------------------------------------------------------
