@@ -238,12 +238,13 @@ def test_tries_step_down_from_the_shortest_gap_accepted_to_the_middle_of_narrow_
     at, now = 0.6875, 1.0 + TUNING.spacing_settle
     for _ in range(4):  # each try accepted: the next steps down from it
         gap = spacing.interval(now)
-        assert gap == pytest.approx(max((spacing.lo + spacing.hi) / 2, spacing.hi / 1.05))
+        step = spacing.hi / (1 + TUNING.spacing_resolution)
+        assert gap == pytest.approx(max((spacing.lo + spacing.hi) / 2, step))
         at = max(at + gap, now)
         log.count(at, accepted=True, horizon=1.0, latency=0.0)
         now = at + 0.01
         spacing.judge(log, now)
-    assert spacing.hi < 0.125 / 1.05**3
+    assert spacing.hi < 0.125 / (1 + TUNING.spacing_resolution) ** 3
     at += spacing.interval(now)  # refused: the bounds are within the resolution
     log.count(at, accepted=False, horizon=1.0, latency=0.0)
     spacing.refused(at, at)
@@ -308,22 +309,29 @@ def test_refusals_at_gaps_it_had_accepted_are_a_window_for_good() -> None:
     assert spacing.least == 0.0  # never taken for a leaky bucket again
 
 
-def test_refusals_at_gaps_it_had_accepted_far_apart_are_the_networks() -> None:
-    # Three processes through Redis at nginx's 10 r/s: the network moves
-    # a send closer to the last now and then; a window paced too fast
-    # refuses every few sends.
-    spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
-    assert spacing.judge(log, 0.7) is Shown.FOUND
-    at = 0.75
-    for _ in range(2 * TUNING.spacing_runs):
-        for _ in range(TUNING.spacing_widen_apart + 1):
+def _refused_apart(spacing: Spacing, log: SendLog, apart: int, rounds: int) -> list[Shown]:
+    """Rounds of ``apart`` acceptances then a refusal, all at the widest guard's pace."""
+    at, shown = 0.75, []
+    for _ in range(rounds):
+        for _ in range(apart):
             at += spacing.hi * (1 + TUNING.spacing_max_guard)
             log.count(at, accepted=True, horizon=1.0, latency=0.0)
             spacing.judge(log, at)
         at += spacing.hi * (1 + TUNING.spacing_max_guard)
         log.count(at, accepted=False, horizon=1.0, latency=0.0)
         spacing.refused(at, at)
-        assert spacing.judge(log, at) is Shown.NOTHING
+        shown.append(spacing.judge(log, at))
+    return shown
+
+
+def test_refusals_at_gaps_it_had_accepted_far_apart_are_the_networks() -> None:
+    # Three processes through Redis at nginx's 10 r/s: the network moves
+    # a send closer to the last now and then; a window paced too fast
+    # refuses every few sends.
+    spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
+    assert spacing.judge(log, 0.7) is Shown.FOUND
+    shown = _refused_apart(spacing, log, TUNING.spacing_widen_apart + 1, 2 * TUNING.spacing_runs)
+    assert set(shown) == {Shown.NOTHING}
     assert spacing.on
     assert spacing.guard == TUNING.spacing_guard  # too rare to widen it
 
@@ -334,17 +342,8 @@ def test_refusals_at_the_widest_guard_are_no_leaky_buckets() -> None:
     spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
     assert spacing.judge(log, 0.7) is Shown.FOUND
     spacing.guard = TUNING.spacing_max_guard
-    at, shown = 0.75, Shown.NOTHING
-    for _ in range(TUNING.spacing_runs):
-        for _ in range(TUNING.spacing_runs_apart + 8):
-            at += spacing.hi * (1 + TUNING.spacing_max_guard)
-            log.count(at, accepted=True, horizon=1.0, latency=0.0)
-            spacing.judge(log, at)
-        at += spacing.hi * (1 + TUNING.spacing_max_guard)
-        log.count(at, accepted=False, horizon=1.0, latency=0.0)
-        spacing.refused(at, at)
-        shown = spacing.judge(log, at)
-    assert shown is Shown.LOST
+    shown = _refused_apart(spacing, log, TUNING.spacing_runs_apart + 8, TUNING.spacing_runs)
+    assert shown[-1] is Shown.LOST
 
 
 # -- the concurrency loop --------------------------------------------------------------------
