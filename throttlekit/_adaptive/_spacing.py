@@ -42,8 +42,9 @@ class Spacing(SlotState):
     the last gaps accepted, and shorter than any ever accepted, shows such
     a bucket (a limit that tells a wait is not searched so: each try would
     cost the wait); from then on the scope is paced at ``hi``
-    (and a guard for the network and the server's clock), a try at the
-    middle of the bounds halves them per answer, and after a hold the lower
+    (and a guard for the network and the server's clock), tries step down
+    from ``hi`` a resolution at a time (or to the middle of the bounds, if
+    nearer) until the bounds are that close, and after a hold the lower
     bound is widened to look for a rise.
 
     Answers are judged in the order sent, once every send before them has
