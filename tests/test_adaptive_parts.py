@@ -297,16 +297,42 @@ def test_a_refusal_is_judged_only_once_what_was_sent_before_it_has_answered() ->
 def test_refusals_at_gaps_it_had_accepted_are_a_window_for_good() -> None:
     spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
     assert spacing.judge(log, 0.7) is Shown.FOUND
-    shown, at = Shown.NOTHING, 0.75
-    for _ in range(TUNING.spacing_runs):
+    shown, at, guards = [], 0.75, []
+    while not shown or shown[-1] is Shown.NOTHING:
         at += 1.0
         log.count(at, accepted=True, horizon=1.0, latency=0.0)
         at += spacing.hi * (1 + TUNING.spacing_max_guard)  # past the widest guard, not far
         log.count(at, accepted=False, horizon=1.0, latency=0.0)
         spacing.refused(at, at)
-        shown = spacing.judge(log, at)
-    assert shown is Shown.LOST
+        shown.append(spacing.judge(log, at))
+        guards.append(spacing.guard)
+    # The guard doubles to the widest first (2, 4, 8, 16 %), then a few more.
+    assert shown[-1] is Shown.LOST
+    assert len(shown) == 3 + TUNING.spacing_runs
+    assert max(guards) == pytest.approx(TUNING.spacing_max_guard, rel=0.01)  # less a narrowing
     assert spacing.least == 0.0  # never taken for a leaky bucket again
+
+
+def test_the_guard_narrows_per_acceptance_and_the_pace_moves_up_past_the_widest() -> None:
+    # nginx's millisecond clock at 100 r/s accepted a gap of 9.6 ms: paced
+    # 16 % above it, a refusal at 10 ms moves the pace up to it.
+    spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
+    assert spacing.judge(log, 0.7) is Shown.FOUND
+    spacing.guard = TUNING.spacing_max_guard
+    at = 0.75
+    for _ in range(TUNING.spacing_narrow_over):
+        at += spacing.hi * (1 + spacing.guard)
+        log.count(at, accepted=True, horizon=1.0, latency=0.0)
+        spacing.judge(log, at)
+    assert spacing.guard == pytest.approx(TUNING.spacing_max_guard / 2)
+    spacing.guard = TUNING.spacing_max_guard
+    hi = spacing.hi
+    at += hi * (1 + TUNING.spacing_max_guard)
+    log.count(at, accepted=False, horizon=1.0, latency=0.0)
+    spacing.refused(at, at)
+    assert spacing.judge(log, at) is Shown.NOTHING
+    assert spacing.hi == pytest.approx(hi * (1 + TUNING.spacing_max_guard))
+    assert spacing.on
 
 
 def _refused_apart(spacing: Spacing, log: SendLog, apart: int, rounds: int) -> list[Shown]:
@@ -342,7 +368,7 @@ def test_refusals_at_the_widest_guard_are_no_leaky_buckets() -> None:
     spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
     assert spacing.judge(log, 0.7) is Shown.FOUND
     spacing.guard = TUNING.spacing_max_guard
-    shown = _refused_apart(spacing, log, TUNING.spacing_runs_apart + 8, TUNING.spacing_runs)
+    shown = _refused_apart(spacing, log, 18, TUNING.spacing_runs)
     assert shown[-1] is Shown.LOST
 
 

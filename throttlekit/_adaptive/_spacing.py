@@ -18,6 +18,8 @@ INF = math.inf
 #: A step refused sets ``lo`` to ``hi`` over the resolution: narrow, whatever
 #: the rounding of the division.
 ROUNDING = 1.0 + 1e-9
+#: The guard halves over ``spacing_narrow_over`` acceptances.
+NARROW = 0.5
 
 
 class Shown(enum.Enum):
@@ -132,9 +134,8 @@ class Spacing(SlotState):
         lo, hi = self.lo, self.hi
         narrow = hi <= lo * (1.0 + tuning.spacing_resolution) * ROUNDING
         if narrow and now >= self.probe_at:
-            # Settled for a hold: look for a rise, and narrow the guard again.
+            # Settled for a hold: look for a rise.
             self.lo = lo = hi / (1.0 + self.step)
-            self.guard = max(tuning.spacing_guard, self.guard / 2.0)
             self.rising, narrow, self.run = True, False, 0
             self.probe_at = INF
         if not narrow and now >= self.try_at:
@@ -155,7 +156,11 @@ class Spacing(SlotState):
         self.run_ok += 1
         self.recent = [*self.recent, gap][-tuning.spacing_fewest :]
         self.least = min(self.least, gap)
-        if not self.on or gap >= self.hi:
+        if not self.on:
+            return
+        narrowed = self.guard * NARROW ** (1.0 / tuning.spacing_narrow_over)
+        self.guard = max(tuning.spacing_guard, narrowed)
+        if gap >= self.hi:
             return
         self.hi = gap
         near = self.lo * (1.0 + tuning.spacing_resolution)
@@ -203,12 +208,14 @@ class Spacing(SlotState):
         """A refusal no sooner than a gap accepted; whether it bounds the interval still.
 
         The network and the server's clock moved the sends (pace further
-        above the shortest gap accepted), or the limit dropped. One far from
-        the last such refusal is the network's, and starts a run anew; the
-        guard widens only for those more often than the share kept. A few
-        close together within a hold, or at the widest guard, are a
-        window's or a bucket with burst's, whose burst lowered the shortest
-        gap accepted (never taken for one again).
+        above the shortest gap accepted), or the limit dropped. The guard
+        doubles for those more often than the share kept (and narrows
+        again per acceptance). Once it cannot double, the pace moves up to
+        the gap refused (the shortest gap accepted can be the network's
+        luck: nginx's millisecond clock at 100 r/s accepts 9.6 ms); a few
+        there before it narrows are a window's or a bucket with burst's,
+        whose burst lowered the shortest gap accepted (never taken for one
+        again).
         """
         tuning = self.config.tuning
         before, after = self.hi * (1.0 + self.guard / 2.0), self.hi * (1.0 + self.guard)
@@ -217,13 +224,15 @@ class Spacing(SlotState):
             # after: sent before, for a refusal judged already.
             return False
         often = self.run_ok < tuning.spacing_widen_apart
-        widest = self.guard >= tuning.spacing_max_guard
-        self.run = 1 if self.run_ok > tuning.spacing_runs_apart and not widest else self.run + 1
+        widest = 2.0 * self.guard > tuning.spacing_max_guard  # it cannot double
+        self.run = self.run + 1 if widest else 0
         self.run_ok = 0
         if self.run >= tuning.spacing_runs:
             self.on, self.least = False, 0.0
             return False
-        if often:
+        if widest:
+            self.hi = gap
+        elif often:
             self.guard = min(tuning.spacing_max_guard, 2.0 * self.guard)
         self.lo = self.hi / (1.0 + tuning.spacing_resolution)
         return True

@@ -157,6 +157,11 @@ class AdaptiveTuning:
     #: rarer ones are a small share of the sends (nginx's 10 r/s, one process:
     #: one every 7 to 10 s took the guard to 16 %, 89 % of what it allows).
     spacing_widen_apart: int = 100
+    #: The guard halves over this many acceptances, down to the least: the
+    #: network's noise comes and goes, and where it stays a refusal in about
+    #: this many sends widens it again (narrowed per look for a rise instead,
+    #: each look cost that refusal and one at the narrower guard).
+    spacing_narrow_over: int = 200
     #: Answers are judged once this many of the longest recent latencies of
     #: acceptances have passed since their send (a refusal comes back at once;
     #: those sent before it, accepted, only after the server's work)...
@@ -169,12 +174,11 @@ class AdaptiveTuning:
     #: (a try there is refused once if the limit has not moved); the share
     #: doubles while the tries are accepted.
     spacing_rise: float = 0.05
-    #: Refusals at gaps it had accepted, within a hold: a window, not a leaky bucket...
+    #: Refusals at gaps it had accepted once the guard cannot double, before
+    #: it narrows to half: a window, not a leaky bucket (a window paced too
+    #: fast refuses every few sends; the network one in tens, and the pace
+    #: moves up to each).
     spacing_runs: int = 3
-    #: ...each within this many acceptances of the one before: a window paced
-    #: too fast refuses every few sends, the network one in tens (three
-    #: processes at nginx's 10 r/s: four 2 to 20 apart, taken for a window).
-    spacing_runs_apart: int = 10
 
     # -- slow servers ----------------------------------------------------------------
     #: A latency above this share of the horizon makes a refusal's count wait
