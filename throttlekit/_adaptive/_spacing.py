@@ -28,6 +28,7 @@ class Shown(enum.Enum):
     NOTHING = "nothing new"
     FOUND = "refused well sooner after an acceptance than every gap accepted"
     LOST = "refused at gaps it had accepted, a few times in a hold: a window, not a bucket"
+    GUARDED = "refused at a gap it had accepted: paced further above the shortest accepted"
 
 
 class Spacing(SlotState):
@@ -121,10 +122,12 @@ class Spacing(SlotState):
                 self._accepted(sent_at)
             elif pending and sent_at in pending:
                 pending.remove(sent_at)
-                was = self.on
+                was, pace = self.on, self.hi * (1.0 + self.guard)
                 self._refused(sent_at, now)
                 if self.on != was:
                     verdict = Shown.FOUND if self.on else Shown.LOST
+                elif self.on and self.hi * (1.0 + self.guard) > pace:
+                    verdict = Shown.GUARDED
         self.pending = [sent_at for sent_at in pending if sent_at > self.judged_to]
         return verdict
 

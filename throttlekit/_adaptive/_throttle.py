@@ -183,6 +183,13 @@ def judge_spacing(parts: Parts, scope: ScopeView, now: float) -> None:
                 spacing.lo,
                 spacing.hi,
             )
+        elif verdict is Shown.GUARDED:
+            logger.debug(
+                "scope %s: refused at a gap it had accepted: paced %s above %.4f s",
+                scope.name,
+                f"{spacing.guard:.0%}",
+                spacing.hi,
+            )
         loop.spaced(spacing.interval(now), spacing.hi, now)
 
 

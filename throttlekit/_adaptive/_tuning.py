@@ -157,10 +157,9 @@ class AdaptiveTuning:
     #: rarer ones are a small share of the sends (nginx's 10 r/s, one process:
     #: one every 7 to 10 s took the guard to 16 %, 89 % of what it allows).
     spacing_widen_apart: int = 100
-    #: The guard halves over this many acceptances, down to the least: the
-    #: network's noise comes and goes, and where it stays a refusal in about
-    #: this many sends widens it again (narrowed per look for a rise instead,
-    #: each look cost that refusal and one at the narrower guard).
+    #: The guard halves over this many acceptances, down to the least: where
+    #: the network's noise stays, a refusal in about as many widens it again
+    #: (halved per look for a rise, each look cost one more, at the guard).
     spacing_narrow_over: int = 200
     #: Answers are judged once this many of the longest recent latencies of
     #: acceptances have passed since their send (a refusal comes back at once;
