@@ -160,7 +160,7 @@ class AdaptiveTuning:
     #: The guard halves over this many acceptances, down to the least: where
     #: the network's noise stays, a refusal in about as many widens it again
     #: (halved per look for a rise, each look cost one more, at the guard).
-    spacing_narrow_over: int = 200
+    spacing_narrow_over: int = 400
     #: Answers are judged once this many of the longest recent latencies of
     #: acceptances have passed since their send (a refusal comes back at once;
     #: those sent before it, accepted, only after the server's work)...
