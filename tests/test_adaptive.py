@@ -1334,3 +1334,20 @@ def test_a_burst_refilled_while_paused_is_spent_at_what_gets_through(backend: st
     )
     assert _ok_rate(trace, 20, 40) >= 0.95 * 5
     assert _refused(trace) < 0.05
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_look_for_a_rise_that_spends_a_stored_burst_again_costs_one_refusal(
+    backend: str,
+) -> None:
+    # The same bucket: held below its rate it refills its burst, and the
+    # look for a rise after the hold spent it, confirmed 10/s again, and at
+    # 9.6/s four sends were refused before the scope went back to what got
+    # through. A confirmed edge that counted a stored burst is now held as
+    # far below it as what got through: the look costs its own refusal.
+    trace = _run(
+        NginxLimitReq(rate=5, burst=5, nodelay=True, status=429, latency=0.05), 40.0, backend
+    )
+    late = [r for r in trace.requests if r.sent is not None and r.sent >= 10.0 and r.status]
+    assert sum(r.status == 429 for r in late) <= 2
+    assert _ok_rate(trace, 10, 40) >= 0.95 * 5

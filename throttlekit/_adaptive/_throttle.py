@@ -201,7 +201,10 @@ def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> N
     half were refused, no faster than those accepted came. A bucket whose
     stored burst is spent lets through what it refills, and held above its
     rate refuses about every other send; a window refuses every send until
-    it frees up, and then none.
+    it frees up, and then none. A confirmed edge that counted such a burst
+    is held as far below it as what got through (nginx's ``rate=5r/s
+    burst=5 nodelay`` confirmed 10/s again at each look for a rise, held
+    at 9.6/s, and four sends were refused before this rule came back).
     """
     loop = parts.rate_loop
     if loop.overcounted(sent_at, now):
@@ -217,6 +220,10 @@ def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> N
     rate = got / (sent_at - start)
     if rate < loop.rate:
         loop.rate = rate
+        if loop.edge is not None and loop.edge_held:
+            # A confirmed edge counted a stored burst: held as far below it.
+            loop.margin = max(loop.margin, 1.0 - rate / loop.edge)
+            loop.target = rate
         logger.debug(
             "scope %s: %d of %d sends since the cut refused: a stored burst spent, "
             "no faster than the %.3f/s that got through",
