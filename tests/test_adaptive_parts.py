@@ -232,6 +232,18 @@ def test_a_refusal_at_half_the_gaps_accepted_shows_a_leaky_bucket() -> None:
     assert spacing.interval(1.0 + TUNING.spacing_settle) == pytest.approx(step)
 
 
+def test_a_refusal_as_late_as_a_gap_just_accepted_shows_no_leaky_bucket_yet() -> None:
+    # nginx's rate=20r/s burst=5 nodelay spending its burst: refused 47 ms
+    # after an acceptance when 31 ms had been accepted, then 16 ms after
+    # one. Taken for a bucket without burst paced at 31 ms, it cost five
+    # refusals before it was given up.
+    answers = [(i * 0.03125, True) for i in range(6)]
+    answers += [(0.203, False), (0.21875, True), (0.2344, False)]
+    assert _spaced(answers, 1.0)[1] is Shown.NOTHING
+    # Without the first refusal, the second shows one.
+    assert _spaced([*answers[:6], *answers[7:]], 1.0)[1] is Shown.FOUND
+
+
 def test_tries_step_down_from_the_shortest_gap_accepted_to_the_middle_of_narrow_bounds() -> None:
     spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
     assert spacing.judge(log, 1.0) is Shown.FOUND

@@ -182,6 +182,12 @@ class Spacing(SlotState):
         gap = sent_at - self.last_ok
         if not self.on:
             recent = self.recent
+            if recent and gap >= min(recent):
+                # Refused at a gap it had just accepted: no such bucket for
+                # the gaps since (a bucket with burst spending it refuses at
+                # gaps as long as and shorter than those).
+                self.recent = []
+                return
             if (
                 len(recent) < tuning.spacing_fewest
                 or gap * tuning.spacing_apart > min(recent)
