@@ -22,6 +22,7 @@ from throttlekit.testing import (
     FlakyServer,
     FrameworkLimiter,
     HAProxyRate,
+    NginxLimitConn,
     NginxLimitReq,
     QuotaServer,
     Responder,
@@ -341,6 +342,16 @@ REAL_LIMITERS: dict[str, tuple[ServerModel, float, float, float]] = {
     "nginx limit_req 20r/s burst=10 nodelay, 429": (
         NginxLimitReq(rate=20, burst=10, nodelay=True, status=429, latency=0.001),
         20.0,
+        40.0,
+        5.0,
+    ),
+    # nginx's limit_conn: requests in process at once. Before a 20 ms origin
+    # one request in five answered between a refused send and its refusal:
+    # counted when the refusal came back, 3 in flight read as the limit
+    # (75 % of what it allows).
+    "nginx limit_conn 4 before a 20 ms origin": (
+        NginxLimitConn(limit=4, latency=0.02),
+        200.0,
         40.0,
         5.0,
     ),

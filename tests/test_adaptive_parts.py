@@ -443,12 +443,18 @@ def test_refusals_at_one_count_at_rates_apart_are_a_limit_in_flight() -> None:
     assert detector.count is None
 
 
+def _accepted_together(detector: InFlightLimit, in_flight: int, at: float) -> None:
+    """``in_flight`` requests sent a ms apart from ``at``, accepted in that order 0.1 s later."""
+    for i in range(in_flight):
+        detector.accepted(at + i / 1000, at + 0.1 + i / 1000)
+
+
 def test_refusals_at_one_count_at_one_rate_are_a_rate_limit_if_more_were_accepted() -> None:
     detector = InFlightLimit(TUNING)
     for sent_at in (10.0, 20.0, 30.0):
         log = _log(*((sent_at - 1 + (i + 0.5) / 10, True) for i in range(10)))
         assert detector.refused(4, sent_at, log) is Verdict.NOTHING
-        detector.accepted(6)  # more in flight than it refused at
+        _accepted_together(detector, 6, sent_at + 1)  # more in flight than it refused at
 
 
 def test_refusals_at_one_count_when_never_more_were_accepted_are_a_limit_in_flight() -> None:
@@ -456,9 +462,19 @@ def test_refusals_at_one_count_when_never_more_were_accepted_are_a_limit_in_flig
     verdicts = []
     for sent_at in (10.0, 20.0, 30.0):
         log = _log(*((sent_at - 1 + (i + 0.5) / 10, True) for i in range(10)))
-        detector.accepted(4)
+        _accepted_together(detector, 4, sent_at - 2)
         verdicts.append(detector.refused(4, sent_at, log))
     assert verdicts == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
+
+
+def test_a_refusal_counts_what_was_in_flight_when_it_was_sent() -> None:
+    # Four sent 5 ms apart before a 20 ms origin; the fifth, sent at 20 ms,
+    # is refused and its refusal comes back at 21 ms, when the first has
+    # answered: three in flight then, four when it was sent.
+    detector = InFlightLimit(TUNING)
+    detector.accepted(0.0, 0.0205)
+    assert detector.at_send(3, 0.02, 0.021, latency=0.02) == 4
+    assert detector.at_send(3, 0.02, 0.5, latency=0.02) == 3  # judged late: those now are later
 
 
 def test_counts_one_apart_are_one_limit_where_the_count_is_not_exact() -> None:

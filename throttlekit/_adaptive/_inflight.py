@@ -11,6 +11,10 @@ from ._tuning import AdaptiveTuning
 
 __all__ = ["InFlightLimit", "Verdict"]
 
+#: Answers kept to count what was in flight when a refused request was
+#: sent: its refusal comes back within a few ms, and few answer meanwhile.
+ANSWERS_KEPT = 32
+
 
 class Verdict(enum.Enum):
     """What a refusal says of a limit on requests in flight."""
@@ -27,15 +31,18 @@ class InFlightLimit(SlotState):
     whatever the rate (which varies with its latency), and never accepts
     more at once than that count; a rate limit refuses at the same rate
     whatever the count. Refusals at one count are a limit in flight when
-    their rates differ, or when no answer accepted since came with more in
-    flight. A refusal at a lower count disproves it, unless the limit was
+    their rates differ, or when no answer accepted since was sent with
+    more in flight. A refusal at a lower count disproves it, unless the limit was
     read at a full cap: then it was only a bound.
 
-    A count in flight reads high, never low: it also counts requests
-    answered whose answers are not counted yet. With the cap full, those
-    are others refused as each freed slot is refilled at once, so the
-    reading is the cap, whatever the server's limit below it; a lower
-    reading refines it. (A rate limit at a full cap refuses at no lower
+    A refusal is counted with what was in flight when it was sent: those
+    answered between its send and its refusal were in flight then (nginx's
+    ``limit_conn 4`` before a 20 ms origin, at 200/s, read 3 at one refusal
+    in five, and was taken for a limit of 3). That count reads high, never
+    low: it also counts requests answered whose answers are not counted
+    yet. With the cap full, those are others refused as each freed slot is
+    refilled at once, so the reading is the cap, whatever the server's
+    limit below it; a lower reading refines it. (A rate limit at a full cap refuses at no lower
     count: below the cap, the readings are real ones.)
 
     Where the count is not exact (a backend shared by processes counts its
@@ -48,8 +55,8 @@ class InFlightLimit(SlotState):
     average is no evidence either way (see :meth:`_burst`).
     """
 
-    __slots__ = ("above", "bound", "count", "found", "refusals", "tuning")
-    STATE = ("above", "bound", "count", "found", "refusals")
+    __slots__ = ("above", "answers", "bound", "count", "found", "refusals", "tuning")
+    STATE = ("above", "answers", "bound", "count", "found", "refusals")
 
     def __init__(self, tuning: AdaptiveTuning) -> None:
         self.tuning = tuning
@@ -61,18 +68,39 @@ class InFlightLimit(SlotState):
         # more in flight than they had (a limit on requests in flight does
         # not accept more than it refuses at).
         self.above = False
+        self.answers: list[list[float]] = []  # [sent at, answered at] of the last accepted
 
     def __repr__(self) -> str:
         return f"<InFlightLimit count={self.count}>"
 
-    def accepted(self, in_flight: int, *, exact: bool = True) -> None:
-        """An accepted answer, with ``in_flight`` requests in flight (itself included).
+    def accepted(self, sent_at: float, now: float, *, exact: bool = True) -> None:
+        """An accepted answer, now, to the request sent at ``sent_at``.
 
         ``exact``: whether the count is exact (see the class).
         """
         refusals = self.refusals
-        if refusals and in_flight > refusals[-1][0] + self._noise(exact):
+        if refusals and self._at_send(sent_at) + 1 > refusals[-1][0] + self._noise(exact):
             self.above = True
+        answers = self.answers
+        answers.append([sent_at, now])
+        del answers[:-ANSWERS_KEPT]
+
+    def at_send(self, flying: int, sent_at: float, now: float, latency: float | None) -> int:
+        """``flying`` in flight now, with those accepted since ``sent_at`` that were sent before.
+
+        Only for a refusal answered sooner than an acceptance takes (``latency``):
+        judged later, those in flight now were sent since.
+        """
+        if latency is None or now - sent_at >= latency:
+            return flying
+        return flying + self._at_send(sent_at)
+
+    def _at_send(self, sent_at: float) -> int:
+        """Of the requests accepted, how many were in flight when ``sent_at`` was sent.
+
+        (A refused one is not counted by the server: it refuses at once.)
+        """
+        return sum(1 for sent, answered in self.answers if sent < sent_at < answered)
 
     def refused(
         self,
@@ -85,7 +113,7 @@ class InFlightLimit(SlotState):
         exact: bool = True,
         latency: float | None = None,
     ) -> Verdict:
-        """A refusal of a request sent at ``sent_at`` with ``flying`` others in flight.
+        """A refusal of a request sent at ``sent_at`` with ``flying`` others in flight then.
 
         ``cap`` is the concurrency in force (``None``: none). With ``judge``
         false it is only counted (an error that may be a random one: the

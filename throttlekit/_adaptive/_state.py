@@ -101,7 +101,7 @@ class AdaptiveState(Parts):
             errors_high=self.errors.errors_high(),
         )
         if kind is Kind.OK:
-            self.inflight.accepted(scope.in_flight, exact=scope.in_flight_exact)
+            self.inflight.accepted(sent_at, now, exact=scope.in_flight_exact)
             self.spacing.answered(now - sent_at)
             self._accepted(scope, sent_at, now)
         echo = loop.echo(sent_at)

@@ -268,6 +268,7 @@ def in_flight_limit(
     exact = scope.in_flight_exact
     cap = scope.concurrency
     latency = parts.concurrency_loop.latency
+    flying = inflight.at_send(flying, sent_at, now, latency)
     verdict = inflight.refused(
         flying, sent_at, parts.log, cap=cap, judge=judge, exact=exact, latency=latency
     )
