@@ -32,8 +32,8 @@ class InFlightLimit(SlotState):
     more at once than that count; a rate limit refuses at the same rate
     whatever the count. Refusals at one count are a limit in flight when
     their rates differ, or when no answer accepted since was sent with
-    more in flight. A refusal at a lower count disproves it, unless the limit was
-    read at a full cap: then it was only a bound.
+    more in flight. A refusal at a lower count disproves it, unless the
+    limit was read at a full cap: then it was only a bound.
 
     A refusal is counted with what was in flight when it was sent: those
     answered between its send and its refusal were in flight then (nginx's
@@ -42,8 +42,9 @@ class InFlightLimit(SlotState):
     low: it also counts requests answered whose answers are not counted
     yet. With the cap full, those are others refused as each freed slot is
     refilled at once, so the reading is the cap, whatever the server's
-    limit below it; a lower reading refines it. (A rate limit at a full cap refuses at no lower
-    count: below the cap, the readings are real ones.)
+    limit below it; a lower reading refines it. (A rate limit at a full
+    cap refuses at no lower count: below the cap, the readings are real
+    ones.)
 
     Where the count is not exact (a backend shared by processes counts its
     leases, among them ones granted but not yet sent and ones answered but

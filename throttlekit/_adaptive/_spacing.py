@@ -27,7 +27,7 @@ class Shown(enum.Enum):
 
     NOTHING = "nothing new"
     FOUND = "refused well sooner after an acceptance than every gap accepted"
-    LOST = "refused at gaps it had accepted, a few times in a hold: a window, not a bucket"
+    LOST = "refused at gaps it had accepted at the widest guard: a window, not a bucket"
     GUARDED = "refused at a gap it had accepted: paced further above the shortest accepted"
 
 
