@@ -309,7 +309,9 @@ def test_a_refusal_is_judged_only_once_what_was_sent_before_it_has_answered() ->
 def test_refusals_at_gaps_it_had_accepted_are_a_window_for_good() -> None:
     spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
     assert spacing.judge(log, 0.7) is Shown.FOUND
-    shown, at, guards = [], 0.75, []
+    shown: list[Shown] = []
+    guards: list[float] = []
+    at = 0.75
     while Shown.LOST not in shown and len(shown) < 10:
         at += 1.0
         log.count(at, accepted=True, horizon=1.0, latency=0.0)
@@ -860,7 +862,8 @@ def test_a_refusal_below_the_edge_a_rise_counted_was_a_stored_burst() -> None:
     set_edge(loop, _view(), 27.0, 28.0, 0.0, 30.0, 0.0, Phase.START)
     loop.cut_at = 30.0
     assert loop.overcounted(30.3, 30.3)
-    assert (loop.edge, loop.edge_held, loop.hold_for, loop.risen_from) == (20.0, True, 20.0, None)
+    assert (loop.edge, loop.edge_held, loop.hold_for) == (20.0, True, 20.0)
+    assert loop.risen_from is None
     assert loop.rate == pytest.approx(loop.target) == pytest.approx(19.6)
 
 
