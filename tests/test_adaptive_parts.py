@@ -329,7 +329,7 @@ def test_refusals_at_gaps_it_had_accepted_are_a_window_for_good() -> None:
 
 def test_the_guard_narrows_per_acceptance_and_the_pace_moves_up_past_the_widest() -> None:
     # nginx's millisecond clock at 100 r/s accepted a gap of 9.6 ms: paced
-    # 16 % above it, a refusal at 10 ms moves the pace up to it.
+    # at the widest guard above it, a refusal moves the pace up a step.
     spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
     assert spacing.judge(log, 0.7) is Shown.FOUND
     spacing.guard = TUNING.spacing_max_guard
@@ -345,7 +345,7 @@ def test_the_guard_narrows_per_acceptance_and_the_pace_moves_up_past_the_widest(
     log.count(at, accepted=False, horizon=1.0, latency=0.0)
     spacing.refused(at, at)
     assert spacing.judge(log, at) is Shown.GUARDED
-    assert spacing.hi == pytest.approx(hi * (1 + TUNING.spacing_max_guard))
+    assert spacing.hi == pytest.approx(hi * (1 + TUNING.spacing_resolution))
     assert spacing.on
 
 
