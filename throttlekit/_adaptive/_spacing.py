@@ -101,6 +101,11 @@ class Spacing(SlotState):
     def __repr__(self) -> str:
         return f"<Spacing on={self.on} lo={self.lo:.4g} hi={self.hi:.4g}>"
 
+    @property
+    def pace(self) -> float:
+        """The spacing held once settled: the guard above the shortest gap accepted."""
+        return self.hi * (1.0 + self.guard)
+
     def refused(self, sent_at: float, now: float) -> None:
         """A refusal of ``sent_at``: judged once what was sent before it has answered."""
         self.pending.append(sent_at)
@@ -122,11 +127,11 @@ class Spacing(SlotState):
                 self._accepted(sent_at)
             elif pending and sent_at in pending:
                 pending.remove(sent_at)
-                was, pace = self.on, self.hi * (1.0 + self.guard)
+                was, pace = self.on, self.pace
                 self._refused(sent_at, now)
                 if self.on != was:
                     verdict = Shown.FOUND if self.on else Shown.LOST
-                elif self.on and self.hi * (1.0 + self.guard) > pace:
+                elif self.on and self.pace > pace:
                     verdict = Shown.GUARDED
         self.pending = [sent_at for sent_at in pending if sent_at > self.judged_to]
         return verdict
@@ -147,7 +152,7 @@ class Spacing(SlotState):
             # costs a refusal (halving (0.064, 0.126] s at nginx's 10 r/s cost
             # three; stepping down costs one, and five sends more).
             return max((lo + hi) / 2.0, hi / (1.0 + tuning.spacing_resolution))
-        return hi * (1.0 + self.guard)
+        return self.pace
 
     def _accepted(self, sent_at: float) -> None:
         """An acceptance: its gap after the last one bounds the interval from above."""
@@ -228,7 +233,7 @@ class Spacing(SlotState):
         again).
         """
         tuning = self.config.tuning
-        before, after = self.hi * (1.0 + self.guard / 2.0), self.hi * (1.0 + self.guard)
+        before, after = self.hi * (1.0 + self.guard / 2.0), self.pace
         if gap < (before + after) / 2.0:
             # Nearer the pace before the guard last widened than the pace
             # after: sent before, for a refusal judged already.

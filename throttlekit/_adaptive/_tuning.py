@@ -176,7 +176,7 @@ class AdaptiveTuning:
     #: Refusals at gaps it had accepted once the guard cannot double, before
     #: it narrows to half: a window, not a leaky bucket (a window paced too
     #: fast refuses every few sends; the network one in tens, and the pace
-    #: moves up to each).
+    #: moves up a step at each).
     spacing_runs: int = 3
 
     # -- slow servers ----------------------------------------------------------------
