@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from _grants import Grants
 from _server import Hang, LocalServer, RateLimited, Redirect, Reply, Script, Stream, describe
 
 from throttlekit import Backoff, Limiter, ScopePolicy
@@ -79,6 +80,8 @@ def assert_idle(limiter: Limiter) -> None:
 async def test_per_host_concurrency_and_delay(server: LocalServer) -> None:
     server.route(behaviour=Reply(latency=0.3))
     limiter = Limiter(default=policy(concurrency=2, delay=0.2))
+    grants = Grants()
+    limiter.add_listener(grants)
     hosts = ("a.test", "b.test", "c.test")
     urls = [f"http://{hosts[n % 3]}/page/{n}" for n in range(20)]
     statuses: list[int] = []
@@ -106,7 +109,9 @@ async def test_per_host_concurrency_and_delay(server: LocalServer) -> None:
         hits = server.hits(host)
         assert len(hits) in (6, 7)
         assert server.max_in_flight(host) == 2, describe(hits)
-        assert min(server.gaps(host)) >= 0.2 - SLACK, describe(hits)
+        # The delay, where the sends leave (at the server, on a loaded machine,
+        # a request that arrived late once made the next gap 0.1475 s).
+        assert min(grants.gaps(host)) >= 0.2 - 1e-6, grants.gaps(host)
         # No head-of-line blocking: every host starts at once.
         assert hits[0].arrived - started < 0.2 - SLACK, describe(server.hits())
     assert_idle(limiter)
