@@ -28,7 +28,6 @@ class Closures(SlotState):
         "empty",
         "max_wait",
         "ok_since_cut",
-        "rounded",
         "run_at",
         "run_ok",
         "told_wait",
@@ -45,9 +44,9 @@ class Closures(SlotState):
         self.closed_at = -INF  # when the server last closed (refusing through pauses)
         self.ok_since_cut = 0  # accepted since the last cut
         self.cut_first = False  # whether the last cut was the first limit a search up met
-        self.rounded = False  # whether the last knock went just after a round window
-        # After a refusal that told to wait longer than the run had been open:
-        # [when the run began, what it got accepted, when the wait ended].
+        # After a refusal that told to wait longer than the run had been open
+        # (or the opening's, told a horizon or longer): [when the run began,
+        # what it got accepted, when the wait ended].
         self.told_wait: list[float] | None = None
 
     def __repr__(self) -> str:
@@ -59,13 +58,20 @@ class Closures(SlotState):
             self.run_at = sent_at
 
     def accepted(self, sent_at: float, cut_at: float) -> bool:
-        """An accepted answer; returns whether it reopens a server closed through pauses."""
+        """An accepted answer; returns whether it reopens a server closed through a pause.
+
+        One knock refused is enough: a window longer than the horizon still
+        held the run's sends when the pause ended (HAProxy's 6 per 2 s,
+        refused a second after the opening's cut and accepted a second
+        later, had been held for a minute at 0.63/s, the rate the refused
+        knock left).
+        """
         assert self.run_at is not None
         if sent_at >= self.run_at:
             self.run_ok += 1
         if sent_at > cut_at:
             self.ok_since_cut += 1
-            return self.empty >= 2 or (self.empty > 0 and self.rounded)
+            return self.empty > 0
         return False
 
     def closed_since(self, cut_at: float) -> bool:
@@ -93,7 +99,6 @@ class Closures(SlotState):
             self.closed_at = cut_at
         self.empty += 1
         doubled = min(self.max_wait, tuning.closed_wait * 2.0**self.empty)
-        self.rounded = False
         if self.run_at is None:
             return doubled
         stretch = tuning.round_stretch
@@ -101,8 +106,7 @@ class Closures(SlotState):
         for window in tuning.round_windows:
             wait = self.run_at + window * (1.0 + tuning.round_margin) - now
             if wait >= soonest:
-                self.rounded = wait <= stretch * doubled
-                return wait if self.rounded else doubled
+                return wait if wait <= stretch * doubled else doubled
         return doubled
 
     def open(self, *, first: bool = False) -> None:
@@ -128,8 +132,18 @@ class Closures(SlotState):
         self.run_at, self.run_ok = sent_at, 1
         return window, accepted
 
+    def still_closed(self, in_flight: int) -> None:
+        """A refusal: with nothing accepted since a told wait, the run goes on from before it.
+
+        The wait did not end the server's window (an echo's refusal included).
+        """
+        told = self.told_wait
+        if told is not None and not self.run_ok + in_flight:
+            self.run_at, self.run_ok = told[0], int(told[1])
+            self.told_wait = None
+
     def told(self, wait_end: float, in_flight: int) -> None:
-        """The server told a wait longer than the run had been open: remember the run."""
+        """The server told a wait that may end within its window: remember the run."""
         assert self.run_at is not None
         self.told_wait = [self.run_at, self.run_ok + in_flight, wait_end]
         self.run_at, self.run_ok = wait_end, 0

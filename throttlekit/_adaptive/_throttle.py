@@ -30,6 +30,7 @@ def on_throttle(
     """
     loop, closures = parts.rate_loop, parts.closures
     closed = closures.closed_since(loop.cut_at)
+    closures.still_closed(max(0, scope.in_flight - 1))
     if loop.phase is Phase.SPACED:
         if _note_gap(parts, sent_at, now, wait):
             # The leaky bucket's (not an echo, nor a limit on requests in flight).
@@ -296,18 +297,20 @@ def _told_wait(
 ) -> bool:
     """Weigh a wait the server told against the run; whether that settles the refusal.
 
-    The first refusal after a told wait longer than the run had been open:
+    The first refusal after a told wait longer than the run had been open,
+    or after the opening's first refusal told one at least a horizon long:
     if the server is still closed, knock until it opens; if the run since
     has not got half as far, its window lets go of the last run's sends one
     by one, and the last run and its wait were one window. If it has, a
-    fixed window reopened whole.
+    fixed window reopened whole. (HAProxy's ``http_req_rate(2s)`` tells
+    ``Retry-After: 1``: its period still held most of the opening's sends
+    when the wait ended, and the two accepted then, counted over a second
+    mostly spent waiting, read as an edge of 2/s at a limit of 5/s.)
     """
     loop, closures = parts.rate_loop, parts.closures
     told = closures.told_wait
     closures.told_wait = None
-    if told is not None and not closures.run_ok + flying:
-        closures.run_at, closures.run_ok = told[0], int(told[1])
-    elif told is not None:
+    if told is not None:
         began, accepted, reopened_at = told
         if closures.run_ok + flying < accepted / 2:
             loop.cut_at = now
@@ -317,7 +320,9 @@ def _told_wait(
             return True
     run_at = closures.run_at
     assert run_at is not None
-    if wait > loop.horizon and wait > sent_at - run_at and closures.run_ok > 1:
+    longer = wait > loop.horizon and wait > sent_at - run_at
+    opening = wait >= loop.horizon and loop.edge is None and loop.phase is Phase.START
+    if (longer or opening) and closures.run_ok > 1:
         closures.told(now + wait, flying)
     return False
 
