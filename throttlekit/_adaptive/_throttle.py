@@ -30,7 +30,10 @@ def on_throttle(
     """
     loop, closures = parts.rate_loop, parts.closures
     closed = closures.closed_since(loop.cut_at)
-    closures.still_closed(max(0, scope.in_flight - 1))
+    # What the server accepted in the horizon before the refused send: those
+    # that answered, and (about) those still in flight.
+    flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
+    closures.still_closed(flying)
     if loop.phase is Phase.SPACED:
         if _note_gap(parts, sent_at, now, wait):
             # The leaky bucket's (not an echo, nor a limit on requests in flight).
@@ -39,9 +42,6 @@ def on_throttle(
     elif loop.echo(sent_at):
         _echo(parts, scope, sent_at, now, wait, closed=closed)
         return
-    # What the server accepted in the horizon before the refused send: those
-    # that answered, and (about) those still in flight.
-    flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
     if in_flight_limit(parts, scope, flying, sent_at, now):
         return
     _note_gap(parts, sent_at, now, wait)
@@ -302,11 +302,12 @@ def _told_wait(
     """Weigh a wait the server told against the run; whether that settles the refusal.
 
     The first refusal after a told wait longer than the run had been open,
-    or after the opening's first refusal told one at least a horizon long:
-    if the server is still closed, knock until it opens; if the run since
-    has not got half as far, its window lets go of the last run's sends one
-    by one, and the last run and its wait were one window. If it has, a
-    fixed window reopened whole. (HAProxy's ``http_req_rate(2s)`` tells
+    or after the opening's first refusal told one at least a horizon long
+    (with nothing accepted since, the server is still closed, and
+    :meth:`Closures.still_closed` carried the run on already): if the run
+    since has not got half as far, its window lets go of the last run's
+    sends one by one, and the last run and its wait were one window. If it
+    has, a fixed window reopened whole. (HAProxy's ``http_req_rate(2s)`` tells
     ``Retry-After: 1``: its period still held most of the opening's sends
     when the wait ended, and the two accepted then, counted over a second
     mostly spent waiting, read as an edge of 2/s at a limit of 5/s.)
