@@ -73,6 +73,7 @@ class Spacing(SlotState):
         "run_ok",
         "slowest",
         "step",
+        "stepped",
         "try_at",
     )
     STATE = tuple(name for name in __slots__ if name != "config")
@@ -92,6 +93,7 @@ class Spacing(SlotState):
         self.run = 0  # refusals at gaps it had accepted, since the last look for a rise
         self.run_ok = 0  # acceptances judged since the last of them
         self.pending: list[float] = []  # refusals (send instants) not judged yet
+        self.stepped: list[float] = []  # those sent while searching up in a leaky bucket's steps
         self.judged_to = -INF  # the answers sent up to this instant are judged
         self.last_ok: float | None = None  # the last acceptance judged (send instant)
         self.recent: list[float] = []  # the last gaps between acceptances
@@ -106,9 +108,14 @@ class Spacing(SlotState):
         """The spacing held once settled: the guard above the shortest gap accepted."""
         return self.hi * (1.0 + self.guard)
 
-    def refused(self, sent_at: float, now: float) -> None:
-        """A refusal of ``sent_at``: judged once what was sent before it has answered."""
+    def refused(self, sent_at: float, now: float, *, stepped: bool = False) -> None:
+        """A refusal of ``sent_at``: judged once what was sent before it has answered.
+
+        ``stepped``: sent while the search up went in a leaky bucket's steps.
+        """
         self.pending.append(sent_at)
+        if stepped:
+            self.stepped.append(sent_at)
         if self.on:
             self.try_at = max(self.try_at, now + self.config.tuning.spacing_settle)
 
@@ -134,6 +141,7 @@ class Spacing(SlotState):
                 elif self.on and self.pace > pace:
                     verdict = Shown.GUARDED
         self.pending = [sent_at for sent_at in pending if sent_at > self.judged_to]
+        self.stepped = [sent_at for sent_at in self.stepped if sent_at > self.judged_to]
         return verdict
 
     def interval(self, now: float) -> float:
@@ -193,9 +201,10 @@ class Spacing(SlotState):
                 # gaps as long as and shorter than those).
                 self.recent = []
                 return
+            apart = tuning.stepped_apart if sent_at in self.stepped else tuning.spacing_apart
             if (
                 len(recent) < tuning.spacing_fewest
-                or gap * tuning.spacing_apart > min(recent)
+                or gap * apart > min(recent)
                 or gap >= self.least  # a burst was accepted: a window, or a bucket with burst
             ):
                 return

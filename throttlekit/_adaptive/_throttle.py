@@ -163,9 +163,10 @@ def _note_gap(parts: Parts, sent_at: float, now: float, wait: float) -> bool:
     a look for a rise come at gaps it accepts (HAProxy's 6 per 2 s, read as
     a leaky bucket, then as a window, fell back to the edge from before).
     """
-    if wait or parts.rate_loop.horizon > parts.config.tuning.edge_horizon:
+    loop = parts.rate_loop
+    if wait or loop.horizon > parts.config.tuning.edge_horizon:
         return False
-    parts.spacing.refused(sent_at, now)
+    parts.spacing.refused(sent_at, now, stepped=loop.leaky and loop.phase is Phase.START)
     return True
 
 

@@ -52,8 +52,7 @@ class AdaptiveTuning:
     #: over. Kept back from the last send, a refusal a gap later took one
     #: away (nginx at 2 r/s was counted at 1/s).
     sends_horizons: float = 2.0
-    #: Seconds over which the scope's own send rate is measured (the rate
-    #: never exceeds twice it, so an idle scope earns no burst).
+    #: Seconds over which the scope's own send rate is measured (no burst earned idle).
     send_rate_span: float = 1.0
     #: Fewest acceptances whose spacing gives a pace (two give one interval).
     pace_fewest: int = 3
@@ -69,8 +68,7 @@ class AdaptiveTuning:
     new_edge_restart: float = 0.9
     #: A refusal below a new edge, a horizon or two after the one that set it,
     #: counts the edge between the two (a bucket refills at its rate whatever
-    #: burst it had stored) when sending paused for at most this share of the
-    #: span between them; after a longer pause (a told wait) the span holds less.
+    #: burst it had stored) if sending paused at most this share of that span.
     recount_pause: float = 0.25
     #: Refusals sent below a new edge within its horizon slow the rate a
     #: restart step each, at most this many steps: a token bucket's stored
@@ -143,8 +141,10 @@ class AdaptiveTuning:
     #: bucket's (a search up that doubles the rate refuses at half the gap it
     #: was accepted at; a window refuses at gaps as short as it accepts)...
     spacing_apart: float = 1.5
-    #: ...when those were at least this many gaps.
-    spacing_fewest: int = 3
+    #: ...or this many in a search in ``leaky_search`` steps (nginx's 2 r/s)...
+    stepped_apart: float = 1.15
+    #: ...when those were at least this many gaps (nginx's 5 r/s: two at 4/s).
+    spacing_fewest: int = 2
     #: The search for its interval ends when the bounds are within this share
     #: (each try below the interval costs a refusal).
     spacing_resolution: float = 0.05
