@@ -386,6 +386,26 @@ def test_refusals_at_the_widest_guard_are_no_leaky_buckets() -> None:
     assert shown[-1] is Shown.LOST
 
 
+def test_a_pace_moved_up_at_the_widest_guard_steps_back_after_a_quiet_stretch() -> None:
+    # A loaded machine's late sends: refused at the widest guard now and
+    # then, the pace moved up and, before, stayed up until a look for a
+    # rise (which each refusal put off).
+    spacing, log = _fed([(i * 0.125, True) for i in range(6)] + [(0.6875, False)])
+    assert spacing.judge(log, 0.7) is Shown.FOUND
+    found = spacing.hi
+    spacing.guard = TUNING.spacing_max_guard
+    assert _refused_apart(spacing, log, 30, 2) == [Shown.GUARDED, Shown.GUARDED]
+    assert spacing.on  # refusals 30 sends apart are no window's
+    assert spacing.hi == pytest.approx(found * (1 + TUNING.spacing_resolution) ** 2)
+    at = log.sends[-1][0]
+    for _ in range(3 * TUNING.spacing_widen_apart):
+        at += spacing.hi * (1 + spacing.guard)
+        log.count(at, accepted=True, horizon=1.0, latency=0.0)
+        spacing.judge(log, at)
+    assert spacing.hi == pytest.approx(found)  # a step per quiet stretch, no further
+    assert spacing.hi <= spacing.lo * (1 + TUNING.spacing_resolution) * 1.000001
+
+
 # -- the concurrency loop --------------------------------------------------------------------
 
 

@@ -57,6 +57,7 @@ class Spacing(SlotState):
 
     __slots__ = (
         "config",
+        "found",
         "guard",
         "hi",
         "hold",
@@ -84,6 +85,7 @@ class Spacing(SlotState):
         self.on = False  # whether a leaky bucket without burst showed
         self.lo = 0.0  # the longest gap refused since the bounds were set (seconds)
         self.hi = INF  # the shortest gap accepted since
+        self.found = INF  # the shortest gap accepted since the bucket showed (not moved up)
         self.guard = tuning.spacing_guard  # the share paced above ``hi``
         self.hold = config.hold  # seconds settled before looking for a rise
         self.try_at = INF  # no try below ``hi`` before this
@@ -177,8 +179,9 @@ class Spacing(SlotState):
         narrowed = self.guard * NARROW ** (1.0 / tuning.spacing_narrow_over)
         self.guard = max(tuning.spacing_guard, narrowed)
         if gap >= self.hi:
+            self._back_down()
             return
-        self.hi = gap
+        self.hi = self.found = gap
         near = self.lo * (1.0 + tuning.spacing_resolution)
         if gap * (1.0 + tuning.spacing_resolution) < self.lo or (self.rising and gap <= near):
             # Accepted well sooner than refused before, or as soon as a look
@@ -209,6 +212,7 @@ class Spacing(SlotState):
             ):
                 return
             self.on, self.lo, self.hi, self.run, self.run_ok = True, gap, min(recent), 0, 0
+            self.found = self.hi
             self.guard, self.hold = tuning.spacing_guard, self._least_hold(self.hi)
         elif gap >= self.hi * tuning.spacing_apart:
             # Refused this far past a gap it accepted: no leaky bucket of
@@ -249,7 +253,8 @@ class Spacing(SlotState):
             return False
         often = self.run_ok < tuning.spacing_widen_apart
         widest = 2.0 * self.guard > tuning.spacing_max_guard  # it cannot double
-        self.run = self.run + 1 if widest else 0
+        close = self.run_ok < tuning.spacing_run_within
+        self.run = self.run + 1 if widest and close else int(widest)
         self.run_ok = 0
         if self.run >= tuning.spacing_runs:
             self.on, self.least = False, 0.0
@@ -260,6 +265,21 @@ class Spacing(SlotState):
             self.guard = min(tuning.spacing_max_guard, 2.0 * self.guard)
         self.lo = self.hi / (1.0 + tuning.spacing_resolution)
         return True
+
+    def _back_down(self) -> None:
+        """After a quiet stretch, a pace moved up at the widest guard steps back toward ``found``.
+
+        The sends' lateness on a loaded machine comes and goes: moved up at
+        each refusal and never back (only a look for a rise, which every
+        refusal put off, went below), nginx's 10 r/s was paced at 8/s for
+        the last 9 s of a run. A step per ``spacing_widen_apart``
+        acceptances without a refusal keeps such refusals about that rare.
+        """
+        tuning = self.config.tuning
+        if self.hi <= self.found or not self.run_ok or self.run_ok % tuning.spacing_widen_apart:
+            return
+        self.hi = max(self.found, self.hi / (1.0 + tuning.spacing_resolution))
+        self.lo = self.hi / (1.0 + tuning.spacing_resolution)
 
     def _least_hold(self, interval: float) -> float:
         """A hold long enough that a refused look for a rise costs a small share of the sends."""

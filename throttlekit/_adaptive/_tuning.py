@@ -161,9 +161,8 @@ class AdaptiveTuning:
     #: the network's noise stays, a refusal in about as many widens it again
     #: (halved per look for a rise, each look cost one more, at the guard).
     spacing_narrow_over: int = 400
-    #: Answers are judged once this many of the longest recent latencies of
-    #: acceptances have passed since their send (a refusal comes back at once;
-    #: those sent before it, accepted, only after the server's work)...
+    #: Answers are judged this many of the longest recent latencies of acceptances
+    #: after their send (a refusal comes back at once, acceptances later)...
     spacing_lag: float = 1.5
     #: ...which forgets this share per acceptance of the longest one before.
     spacing_slowest_decay: float = 0.95
@@ -173,11 +172,12 @@ class AdaptiveTuning:
     #: (a try there is refused once if the limit has not moved); the share
     #: doubles while the tries are accepted.
     spacing_rise: float = 0.05
-    #: Refusals at gaps it had accepted once the guard cannot double, before
-    #: it narrows to half: a window, not a leaky bucket (a window paced too
-    #: fast refuses every few sends; the network one in tens, and the pace
-    #: moves up a step at each).
+    #: Refusals at gaps it had accepted once the guard cannot double, each
+    #: within ``spacing_run_within`` acceptances of the last: a window, not a
+    #: leaky bucket (one paced too fast refuses every few sends, nginx's 7 r/s
+    #: burst=2 every 18; a loaded machine's lateness every 26 to 50).
     spacing_runs: int = 3
+    spacing_run_within: int = 24
 
     # -- slow servers ----------------------------------------------------------------
     #: A latency above this share of the horizon makes a refusal's count wait
