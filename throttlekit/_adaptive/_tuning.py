@@ -72,9 +72,8 @@ class AdaptiveTuning:
     recount_pause: float = 0.25
     #: Refusals sent below a new edge within its horizon slow the rate a
     #: restart step each, at most this many steps: a token bucket's stored
-    #: burst reads up to half again its rate over one second (nginx's
-    #: ``burst=10`` at 20 r/s reads 28), and random 503s, which cannot be told
-    #: from a limit's there, should not slow it further.
+    #: burst reads up to half again its rate over one second (nginx's 20 r/s
+    #: ``burst=10`` reads 28), and random 503s there should not slow it further.
     overcount_steps: int = 2
     #: ...but once this many sends since sending resumed after the cut have
     #: answered and at least half were refused, no faster than those accepted
@@ -85,10 +84,11 @@ class AdaptiveTuning:
     #: paused confirmed an edge of 10/s, and at 9.6/s every other send was
     #: refused for the rest of the horizon.
     spent_fewest: int = 6
+    #: ...and a hold longer than this many ``hold`` is cut back to it (see there).
+    spent_hold: float = 2.0
     #: Seconds over which the rate climbs from its restart to the target.
     recover_time: float = 2.0
-    #: An edge within this share of the old one confirms it (sends cross a
-    #: second's boundary unevenly, by a request or so)...
+    #: An edge within this share of the old one confirms it (boundaries are crossed unevenly)...
     near_share: float = 0.07
     #: ...or within a request over the horizon, at most this share of it.
     near_cap: float = 0.15
