@@ -84,7 +84,7 @@ class AdaptiveTuning:
     #: paused confirmed an edge of 10/s, and at 9.6/s every other send was
     #: refused for the rest of the horizon.
     spent_fewest: int = 6
-    #: ...and a hold longer than this many ``hold`` is cut back to it (see there).
+    #: ...and a hold over this many ``hold`` is cut to it: that pace is a rough count.
     spent_hold: float = 2.0
     #: Seconds over which the rate climbs from its restart to the target.
     recover_time: float = 2.0
