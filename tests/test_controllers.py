@@ -1026,6 +1026,28 @@ def test_a_rounded_reset_of_a_window_back_a_request_at_a_time_keeps_no_lead() ->
     assert ledger.blocked_until == pytest.approx(9.5)  # the next reset is waited for
 
 
+def test_a_kept_lead_refused_once_backs_off_a_little_and_refused_again_halves() -> None:
+    # The search ends within a few ms of a refused lead, so a network's
+    # jitter refuses the lead kept now and then: it backs off KNOCK_DRIFT.
+    # Refused again before a knock at it is accepted, the server states its
+    # resets less late now: the lead halves, as a search below it.
+    knock = Knock()
+    knock.good, knock.bad = 0.99, 1.0
+
+    def answer(lead: float, at: float, *, accepted: bool) -> None:
+        knock.lead, knock.at = lead, at
+        assert knock.answered(at, at + 0.01, accepted=accepted, info=None) is accepted
+
+    answer(0.99, 10.0, accepted=False)
+    assert knock.good == pytest.approx(0.99 - KNOCK_DRIFT)
+    answer(knock.good, 20.0, accepted=False)
+    assert knock.good == pytest.approx((0.99 - KNOCK_DRIFT) / 2)
+    answer(knock.good, 30.0, accepted=True)  # the lead kept holds again
+    kept = knock.good
+    answer(kept, 40.0, accepted=False)
+    assert knock.good == pytest.approx(kept - KNOCK_DRIFT)
+
+
 def test_a_knock_state_written_before_a_field_was_added_is_read() -> None:
     # A scope shared through Redis by processes of an older version: the
     # fields added since start fresh instead of failing every answer.

@@ -13,7 +13,11 @@ The lead is searched upward from the largest lead a knock proved
 one is refused (``bad``; its ``Retry-After`` is then honoured in full), by
 halving the leads still unknown. No lead at or above a refused one is tried
 again, so a server that states its resets honestly costs a few refusals
-once, and the knock then stays at a lead every answer allowed.
+once, and the knock then stays at a lead every answer allowed. That lead
+lies within the search's resolution of one refused, so the network's
+jitter refuses it now and then: the first such refusal backs it off by
+:data:`KNOCK_DRIFT`, and only a second before a knock at the lead kept is
+accepted again (the server now states its resets less late) halves it.
 
 A reset stated as an integer epoch (Flask-Limiter's) is up to a second
 later than the real one, by a share that changes with the moment it was
@@ -67,9 +71,10 @@ COARSE_STEPS = 3.0
 KNOCK_WITHIN = 5.0
 #: The resolution of a reset stated in whole epoch seconds (:func:`rounded_up`).
 WHOLE_SECOND = 1.0
-#: How much shorter the lead kept before a rounded reset gets per window spent
-#: (seconds): more than the network's jitter on one host, and a small share
-#: of any window a knock applies to.
+#: How much shorter the lead kept before a rounded reset gets per window spent,
+#: and how far a lead accepted before backs off when the network's jitter
+#: refuses it (seconds): more than the network's jitter on one host, and a
+#: small share of any window a knock applies to.
 KNOCK_DRIFT = 0.05
 #: The first knock's lead, as a share of the stated wait: it wins a quarter
 #: and risks one refusal; each accepted knock doubles the step.
@@ -146,7 +151,8 @@ class Knock:
     (``spent`` 1 since it was spent, 0 once back), ``whole`` 1 when at
     least half of it came back then (a window that resets whole, not one
     that lets go of a request at a time); ``longest`` is the longest
-    de-facto reset seen (:func:`longest_reset`).
+    de-facto reset seen (:func:`longest_reset`); ``backed`` is 1 once a
+    refusal backed ``good`` off, until a knock at it is accepted again.
     """
 
     #: The fields in the order of the plain state, and their values before any answer.
@@ -162,8 +168,9 @@ class Knock:
         "spent",
         "longest",
         "whole",
+        "backed",
     )
-    FRESH = (0.0, INF, 0.0, 0.0, INF, 0.0, 0.0, INF, 1.0, 0.0, 0.0)  # opened: not seen yet
+    FRESH = (0.0, INF, 0.0, 0.0, INF, 0.0, 0.0, INF, 1.0, 0.0, 0.0, 0.0)  # opened: not seen yet
 
     __slots__ = FIELDS
     good: float
@@ -177,6 +184,7 @@ class Knock:
     spent: float
     longest: float
     whole: float
+    backed: float
 
     def __init__(self, state: list[float] | None = None) -> None:
         # (A state written by an older version, shared through Redis, lacks
@@ -264,6 +272,8 @@ class Knock:
         self.at = INF
         if accepted:
             self.whole = float(info is not None and _whole(info))
+            if lead and lead >= self.good:
+                self.backed = 0.0
             if lead > self.good and (self.whole or info is None or not rounded_up(info)):
                 # (Before a rounded reset, only a window that came back whole
                 # keeps the lead: a moving window's next reset is late by another share.)
@@ -271,8 +281,15 @@ class Knock:
             return True
         if lead > 0.0:
             self.bad, self.refused = lead, self.refused + 1.0
-            if self.good >= lead:  # a lead that was accepted is not now: search below it
-                self.good = lead / 2.0
+            if self.good >= lead:
+                # A lead that was accepted is not now: the network's jitter
+                # at a lead found that close to a refused one (back off a
+                # little), or, refused again, resets stated less late now
+                # (search below it). Halved at once, a slowapi window of
+                # 10/s was waited out for 1.5 s of each second's quota until
+                # the refusals allowed a search again: 10 s at two thirds.
+                self.good = lead / 2.0 if self.backed else max(0.0, lead - KNOCK_DRIFT)
+                self.backed = 1.0
             self.step = (self.bad - self.good) / 2.0
         self.lead, self.at = 0.0, now
         return False
