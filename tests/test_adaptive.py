@@ -443,6 +443,28 @@ def test_a_late_reset_knocked_on_through_a_jittery_network_keeps_its_lead(
     assert_respects(trace, CEILING, retry_after=True)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(6))
+def test_a_fixed_second_told_to_wait_after_an_opening_of_several_windows_is_not_one_window(
+    seed: int, backend: str
+) -> None:
+    # Flask-Limiter's default fixed window, 30 a second, its Retry-After
+    # whole seconds, behind a path that delays each send by up to 5 ms. The
+    # opening ran 2.5 s (several windows) before its first refusal told a
+    # wait of 1 s; the window after it came back whole, 30 sends, which was
+    # under half of the whole opening's 65: "the run and its wait were one
+    # window of 3.5 s", held at 17/s (79 to 86 % over the second half at
+    # three seeds in six). Half of what the last horizon before the refusal
+    # got is the measure.
+    server = Jittered(
+        server=FrameworkLimiter(limit=30, window=1.0, strategy="fixed", latency=0.002), jitter=0.005
+    )
+    trace = simulate(CEILING, server, burst(URL, 4000), duration=41.0, seed=seed, backend=backend)  # type: ignore[arg-type]
+    assert _ok_rate(trace, 20, 40) >= 0.95 * 30
+    assert _refused(trace) < 0.02
+    assert_respects(trace, CEILING, retry_after=True)
+
+
 #: HAProxy's period counter over more than a second: (limit, period, Retry-After).
 HAPROXY_PERIODS = [(10, 2.0, 1), (10, 2.0, None), (6, 2.0, 1), (6, 2.0, None), (15, 3.0, None)]
 

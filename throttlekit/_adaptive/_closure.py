@@ -46,7 +46,8 @@ class Closures(SlotState):
         self.cut_first = False  # whether the last cut was the first limit a search up met
         # After a refusal that told to wait longer than the run had been open
         # (or the opening's, told a horizon or longer): [when the run began,
-        # what it got accepted, when the wait ended].
+        # what it got accepted, when the wait ended, what it got accepted in
+        # the horizon before the refusal].
         self.told_wait: list[float] | None = None
 
     def __repr__(self) -> str:
@@ -142,8 +143,11 @@ class Closures(SlotState):
             self.run_at, self.run_ok = told[0], int(told[1])
             self.told_wait = None
 
-    def told(self, wait_end: float, in_flight: int) -> None:
-        """The server told a wait that may end within its window: remember the run."""
+    def told(self, wait_end: float, in_flight: int, recent: int) -> None:
+        """The server told a wait that may end within its window: remember the run.
+
+        ``recent``: what it got accepted in the horizon before the refusal.
+        """
         assert self.run_at is not None
-        self.told_wait = [self.run_at, self.run_ok + in_flight, wait_end]
+        self.told_wait = [self.run_at, self.run_ok + in_flight, wait_end, recent + in_flight]
         self.run_at, self.run_ok = wait_end, 0

@@ -311,19 +311,22 @@ def _told_wait(
     or after the opening's first refusal told one at least a horizon long
     (with nothing accepted since, the server is still closed, and
     :meth:`Closures.still_closed` carried the run on already): if the run
-    since has not got half as far, its window lets go of the last run's
-    sends one by one, and the last run and its wait were one window. If it
-    has, a fixed window reopened whole. (HAProxy's ``http_req_rate(2s)`` tells
-    ``Retry-After: 1``: its period still held most of the opening's sends
-    when the wait ended, and the two accepted then, counted over a second
-    mostly spent waiting, read as an edge of 2/s at a limit of 5/s.)
+    since has not got half as far as the last one did in its last horizon,
+    its window lets go of the last run's sends one by one, and the last run
+    and its wait were one window. If it has, a fixed window reopened whole.
+    (HAProxy's ``http_req_rate(2s)`` tells ``Retry-After: 1``: its period
+    still held most of the opening's sends when the wait ended, and the two
+    accepted then, counted over a second mostly spent waiting, read as an
+    edge of 2/s at a limit of 5/s. Against half of the whole run, a fixed
+    second of 30 whose opening had run through several windows, 65 sent,
+    came back whole with 30 and read as one window of 3.5 s.)
     """
     loop, closures = parts.rate_loop, parts.closures
     told = closures.told_wait
     closures.told_wait = None
     if told is not None:
-        began, accepted, reopened_at = told
-        if closures.run_ok + flying < accepted / 2:
+        began, accepted, reopened_at, *last = told  # (a state shared by an older version: 3)
+        if closures.run_ok + flying < (last[0] if last else accepted) / 2:
             loop.cut_at = now
             closures.restart()
             loop.long_window(scope, reopened_at - began, accepted, now)
@@ -334,7 +337,8 @@ def _told_wait(
     longer = wait > loop.horizon and wait > sent_at - run_at
     opening = wait >= loop.horizon and loop.edge is None and loop.phase is Phase.START
     if (longer or opening) and closures.run_ok > 1:
-        closures.told(now + wait, flying)
+        recent = len(parts.log.accepted_between(sent_at - loop.horizon, sent_at))
+        closures.told(now + wait, flying, recent)
     return False
 
 
