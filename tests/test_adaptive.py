@@ -465,6 +465,28 @@ def test_a_fixed_second_told_to_wait_after_an_opening_of_several_windows_is_not_
     assert_respects(trace, CEILING, retry_after=True)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("rate", "jitter", "seed"), [(20, 0.0, 0), (50, 0.005, 2), (100, 0.005, 1)]
+)
+def test_a_token_bucket_held_a_third_above_its_rate_after_its_burst_is_slowed_at_once(
+    rate: int, jitter: float, seed: int, backend: str
+) -> None:
+    # nginx's rate=R burst=R nodelay (a Go rate.Limiter(R, R)), 429. A burst
+    # refilled while paused read as an edge well above R; held a third
+    # above R, the bucket refused a quarter of the sends, where the rule for
+    # a stored burst spent asked for half: the rate came down a restart step
+    # per refusal until the horizon ended (20/s: 20 refusals in 40 s, 10 now;
+    # 50/s behind 5 ms of jitter: 58, 16 now; 100/s: 47, 20 now).
+    bucket = NginxLimitReq(rate=rate, burst=rate, nodelay=True, status=429, latency=0.02)
+    server = Jittered(server=bucket, jitter=jitter) if jitter else bucket
+    trace = simulate(
+        CEILING, server, burst(URL, 150 * rate), duration=41.0, seed=seed, backend=backend
+    )  # type: ignore[arg-type]
+    assert _ok_rate(trace, 20, 40) >= 0.95 * rate
+    assert _refused(trace) < 0.015
+
+
 #: HAProxy's period counter over more than a second: (limit, period, Retry-After).
 HAPROXY_PERIODS = [(10, 2.0, 1), (10, 2.0, None), (6, 2.0, 1), (6, 2.0, None), (15, 3.0, None)]
 

@@ -204,11 +204,12 @@ def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> N
 
     See :meth:`RateLoop.overcounted`. Below any edge, new or confirmed: once
     ``spent_fewest`` sends since sending resumed have answered and at least
-    half were refused, no faster than those accepted came. A bucket whose
-    stored burst is spent lets through what it refills, and held above its
-    rate refuses about every other send; a window refuses every send until
-    it frees up, and then none. A confirmed edge that counted such a burst
-    is held as far below it as what got through (nginx's ``rate=5r/s
+    half were refused (or ``spent_share`` of twice as many), no faster than
+    those accepted came. A bucket whose stored burst is spent lets through
+    what it refills, and held above its rate refuses a share that grows
+    with how far (every other send at twice); a window refuses every send
+    until it frees up, and then none. A confirmed edge that counted such a
+    burst is held as far below it as what got through (nginx's ``rate=5r/s
     burst=5 nodelay`` confirmed 10/s again at each look for a rise, held
     at 9.6/s, and four sends were refused before this rule came back).
     """
@@ -220,8 +221,9 @@ def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> N
     if not loop.holding() or sent_at < start:
         return
     sends = parts.log.between(start, sent_at)
-    got = sum(entry[1] for entry in sends)
-    if not got or len(sends) < parts.config.tuning.spent_fewest or 2 * got > len(sends):
+    got, tuning = sum(entry[1] for entry in sends), parts.config.tuning
+    share = 0.5 if len(sends) < 2 * tuning.spent_fewest else tuning.spent_share
+    if not got or len(sends) < tuning.spent_fewest or got > (1.0 - share) * len(sends):
         return
     rate = got / (sent_at - start)
     if rate < loop.rate:

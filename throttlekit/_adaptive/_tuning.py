@@ -76,14 +76,14 @@ class AdaptiveTuning:
     #: ``burst=10`` reads 28), and random 503s there should not slow it further.
     overcount_steps: int = 2
     #: ...but once this many sends since sending resumed after the cut have
-    #: answered and at least half were refused, no faster than those accepted
-    #: came (a token bucket's stored burst read as its rate, nginx's
-    #: ``rate=20r/s burst=40 nodelay``: the steps kept 40/s and more for a
-    #: second, 27 refusals in 40 s at 429, 10 with this). Below a confirmed
-    #: edge too: at ``rate=5r/s burst=5 nodelay`` a burst refilled while
-    #: paused confirmed an edge of 10/s, and at 9.6/s every other send was
-    #: refused for the rest of the horizon.
+    #: answered and half were refused, no faster than those accepted came (a
+    #: token bucket's stored burst read as its rate: nginx's ``rate=20r/s
+    #: burst=40 nodelay`` kept 40/s for a second, 27 refusals in 40 s, 10 with
+    #: this; a burst refilled while paused confirms an edge the same way).
     spent_fewest: int = 6
+    #: ...or, of twice as many, this share (a bucket held a third above its rate;
+    #: 50/s ``burst=50`` behind 5 ms of jitter: 58 refusals in 40 s, 16 with it).
+    spent_share: float = 0.25
     #: ...and a hold over this many ``hold`` is cut to it: that pace is a rough count.
     spent_hold: float = 2.0
     #: Seconds over which the rate climbs from its restart to the target.
