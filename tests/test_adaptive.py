@@ -95,9 +95,14 @@ def _random_503s(error_rate: float, origin: ServerModel, **extra: Any) -> FlakyS
 
 
 def _run(
-    server: ServerModel, duration: float, backend: str, policy: ScopePolicy = CEILING
+    server: ServerModel,
+    duration: float,
+    backend: str,
+    policy: ScopePolicy = CEILING,
+    *,
+    seed: int = 0,
 ) -> Trace:
-    return simulate(policy, server, burst(URL, 8000), duration=duration, backend=backend)  # type: ignore[arg-type]
+    return simulate(policy, server, burst(URL, 8000), duration=duration, seed=seed, backend=backend)  # type: ignore[arg-type]
 
 
 # -- policy limits --------------------------------------------------------------------
@@ -437,7 +442,7 @@ def test_a_late_reset_knocked_on_through_a_jittery_network_keeps_its_lead(
         server=FrameworkLimiter(limit=10, window=1.0, reset_format="float", latency=0.002),
         jitter=0.02,
     )
-    trace = simulate(CEILING, server, burst(URL, 2000), duration=61.0, seed=seed, backend=backend)  # type: ignore[arg-type]
+    trace = _run(server, 61.0, backend, seed=seed)
     assert _ok_rate(trace, 30, 60) >= 0.95 * 10
     assert _refused(trace) < 0.02
     assert_respects(trace, CEILING, retry_after=True)
@@ -459,7 +464,7 @@ def test_a_fixed_second_told_to_wait_after_an_opening_of_several_windows_is_not_
     server = Jittered(
         server=FrameworkLimiter(limit=30, window=1.0, strategy="fixed", latency=0.002), jitter=0.005
     )
-    trace = simulate(CEILING, server, burst(URL, 4000), duration=41.0, seed=seed, backend=backend)  # type: ignore[arg-type]
+    trace = _run(server, 41.0, backend, seed=seed)
     assert _ok_rate(trace, 20, 40) >= 0.95 * 30
     assert _refused(trace) < 0.02
     assert_respects(trace, CEILING, retry_after=True)
@@ -480,9 +485,7 @@ def test_a_token_bucket_held_a_third_above_its_rate_after_its_burst_is_slowed_at
     # 50/s behind 5 ms of jitter: 58, 16 now; 100/s: 47, 20 now).
     bucket = NginxLimitReq(rate=rate, burst=rate, nodelay=True, status=429, latency=0.02)
     server = Jittered(server=bucket, jitter=jitter) if jitter else bucket
-    trace = simulate(
-        CEILING, server, burst(URL, 150 * rate), duration=41.0, seed=seed, backend=backend
-    )  # type: ignore[arg-type]
+    trace = _run(server, 41.0, backend, seed=seed)
     assert _ok_rate(trace, 20, 40) >= 0.95 * rate
     assert _refused(trace) < 0.015
 
