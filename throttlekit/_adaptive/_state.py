@@ -12,7 +12,8 @@ from ._advance import advance
 from ._overload import on_error
 from ._parts import Parts
 from ._response import SERVER_ERROR, Kind, classify, quota_spent
-from ._throttle import judge_spacing, on_throttle, refine
+from ._spaced import judge_spacing
+from ._throttle import on_throttle, refine
 
 if TYPE_CHECKING:
     from .._controller import Feedback, ScopeView

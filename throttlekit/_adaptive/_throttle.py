@@ -10,12 +10,11 @@ from ._edge import set_edge
 from ._inflight import Verdict
 from ._parts import Parts
 from ._phase import Phase
-from ._spacing import Shown
 
 if TYPE_CHECKING:
     from .._controller import ScopeView
 
-__all__ = ["in_flight_limit", "judge_spacing", "on_throttle", "refine"]
+__all__ = ["in_flight_limit", "on_throttle", "refine"]
 
 logger = logging.getLogger("throttlekit.adaptive")
 
@@ -168,35 +167,6 @@ def _note_gap(parts: Parts, sent_at: float, now: float, wait: float) -> bool:
         return False
     parts.spacing.refused(sent_at, now, stepped=loop.leaky and loop.phase is Phase.START)
     return True
-
-
-def judge_spacing(parts: Parts, scope: ScopeView, now: float) -> None:
-    """Judge the answers settled by now for a leaky bucket without burst; pace by it if shown."""
-    loop, spacing = parts.rate_loop, parts.spacing
-    spaced = loop.phase is Phase.SPACED
-    if not spaced:
-        spacing.on = False
-    verdict = spacing.judge(parts.log, now)
-    if verdict is Shown.LOST and spaced:
-        logger.debug("scope %s: refused at gaps it had accepted: a window", scope.name)
-        loop.search_again(now, "refused at gaps it had accepted: a window, searching up")
-    elif spacing.on:
-        if verdict is Shown.FOUND:
-            logger.debug(
-                "scope %s: refused well sooner after an acceptance than every gap accepted: "
-                "a leaky bucket, its interval in (%.4f, %.4f] s",
-                scope.name,
-                spacing.lo,
-                spacing.hi,
-            )
-        elif verdict is Shown.GUARDED:
-            logger.debug(
-                "scope %s: refused at a gap it had accepted: paced %s above %.4f s",
-                scope.name,
-                f"{spacing.guard:.0%}",
-                spacing.hi,
-            )
-        loop.spaced(spacing.interval(now), spacing.hi, now)
 
 
 def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> None:
