@@ -49,7 +49,7 @@ def on_throttle(
     ):
         return
     tuning = parts.config.tuning
-    flying, slow = _flying_in_horizon(parts, flying)
+    flying, slow = _flying_in_horizon(parts, scope, flying, sent_at)
     sent, edge = _measure(parts, sent_at, flying, slow=slow, recount=not error)
     pause = 0.0
     loop.cut_at = now
@@ -123,20 +123,26 @@ def _second_refused(
     return True
 
 
-def _flying_in_horizon(parts: Parts, flying: int) -> tuple[int, bool]:
+def _flying_in_horizon(
+    parts: Parts, scope: ScopeView, flying: int, sent_at: float
+) -> tuple[int, bool]:
     """Of ``flying`` requests in flight, about how many were sent within the horizon; slow?
 
     A slow server's were sent over the last ``latency`` seconds: about this
-    share of them within the horizon, until they answer.
+    share of them within the horizon, until they answer. A shared backend
+    counts leases, grants reserved ahead of their send among them: of
+    those, only what the pace before the refusal puts in flight over a
+    latency (Little's law) were sent before it.
     """
     latency, horizon = parts.concurrency_loop.latency, parts.rate_loop.horizon
-    slow = (
-        flying > 0 and latency is not None and latency > parts.config.tuning.slow_latency * horizon
-    )
-    if slow:
-        assert latency is not None
-        flying = round(flying * min(1.0, horizon / latency))
-    return flying, slow
+    if latency is None or not flying:
+        return flying, False
+    if latency > parts.config.tuning.slow_latency * horizon:
+        return round(flying * min(1.0, horizon / latency)), True
+    if not scope.in_flight_exact:
+        pace = len(parts.log.between(sent_at - horizon, sent_at)) / horizon
+        flying = min(flying, round(pace * latency))
+    return flying, False
 
 
 def refine(parts: Parts, scope: ScopeView, now: float) -> None:
