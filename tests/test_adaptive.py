@@ -490,6 +490,25 @@ def test_a_token_bucket_held_a_third_above_its_rate_after_its_burst_is_slowed_at
     assert _refused(trace) < 0.015
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(2))
+def test_a_leaky_bucket_paced_through_a_jittery_network_is_refused_less_as_time_goes_on(
+    seed: int, backend: str
+) -> None:
+    # nginx's limit_req rate=20r/s without burst (503), behind a path that
+    # delays each send by up to 5 ms. The pace is guarded above the
+    # shortest gap accepted, and moved back down (the guard narrowed, a pace
+    # moved up stepped back) every hundred acceptances or so; each time the
+    # jitter had it refused again: 51 and 61 refusals in five minutes, about
+    # one every 5 s to the end. Refused again once moved back down, it moves
+    # down half as fast from then on.
+    server = Jittered(server=NginxLimitReq(rate=20, status=503, latency=0.02), jitter=0.005)
+    trace = _run(server, 301.0, backend, seed=seed)
+    ceiling = 1.0 / (1.0 / 20 + 0.005)  # a send may arrive up to 5 ms late
+    assert _ok_rate(trace, 150, 300) >= 0.95 * ceiling
+    assert _refused(trace) < 0.0075
+
+
 #: HAProxy's period counter over more than a second: (limit, period, Retry-After).
 HAPROXY_PERIODS = [(10, 2.0, 1), (10, 2.0, None), (6, 2.0, 1), (6, 2.0, None), (15, 3.0, None)]
 

@@ -66,6 +66,7 @@ class Spacing(SlotState):
         "least",
         "lo",
         "on",
+        "patience",
         "pending",
         "probe_at",
         "recent",
@@ -87,6 +88,7 @@ class Spacing(SlotState):
         self.hi = INF  # the shortest gap accepted since
         self.found = INF  # the shortest gap accepted since the bucket showed (not moved up)
         self.guard = tuning.spacing_guard  # the share paced above ``hi``
+        self.patience = 1  # how many times slower than at first the pace moves back down
         self.hold = config.hold  # seconds settled before looking for a rise
         self.try_at = INF  # no try below ``hi`` before this
         self.probe_at = INF  # when to look for a rise
@@ -176,7 +178,7 @@ class Spacing(SlotState):
         self.least = min(self.least, gap)
         if not self.on:
             return
-        narrowed = self.guard * NARROW ** (1.0 / tuning.spacing_narrow_over)
+        narrowed = self.guard * NARROW ** (1.0 / (tuning.spacing_narrow_over * self.patience))
         self.guard = max(tuning.spacing_guard, narrowed)
         if gap >= self.hi:
             self._back_down()
@@ -214,6 +216,7 @@ class Spacing(SlotState):
             self.on, self.lo, self.hi, self.run, self.run_ok = True, gap, min(recent), 0, 0
             self.found = self.hi
             self.guard, self.hold = tuning.spacing_guard, self._least_hold(self.hi)
+            self.patience = 1
         elif gap >= self.hi * tuning.spacing_apart:
             # Refused this far past a gap it accepted: no leaky bucket of
             # that interval (a bucket with burst, whose burst went through
@@ -259,10 +262,17 @@ class Spacing(SlotState):
         if self.run >= tuning.spacing_runs:
             self.on, self.least = False, 0.0
             return False
+        if not often:
+            # Refused again once moved back down: moved down half as fast from
+            # now on (each such refusal costs more than the pace gains: a
+            # sliding second of 10 behind 5 ms of jitter was refused every 100
+            # acceptances so).
+            self.patience = min(2 * self.patience, tuning.spacing_patience)
         if widest:
             self.hi *= 1.0 + tuning.spacing_resolution
         elif often:
             self.guard = min(tuning.spacing_max_guard, 2.0 * self.guard)
+            self.patience = 1
         self.lo = self.hi / (1.0 + tuning.spacing_resolution)
         return True
 
@@ -273,10 +283,12 @@ class Spacing(SlotState):
         each refusal and never back (only a look for a rise, which every
         refusal put off, went below), nginx's 10 r/s was paced at 8/s for
         the last 9 s of a run. A step per ``spacing_widen_apart``
-        acceptances without a refusal keeps such refusals about that rare.
+        acceptances without a refusal (times the patience: a step refused
+        again waits twice as long) keeps such refusals that rare.
         """
         tuning = self.config.tuning
-        if self.hi <= self.found or not self.run_ok or self.run_ok % tuning.spacing_widen_apart:
+        apart = tuning.spacing_widen_apart * self.patience
+        if self.hi <= self.found or not self.run_ok or self.run_ok % apart:
             return
         self.hi = max(self.found, self.hi / (1.0 + tuning.spacing_resolution))
         self.lo = self.hi / (1.0 + tuning.spacing_resolution)

@@ -47,10 +47,9 @@ class AdaptiveTuning:
     #: Answered sends remembered: above 128/s one request is under 1 % of a
     #: two-horizon count, and the state stays small.
     sends_kept: int = 256
-    #: Horizons of answered sends the log keeps back from the last
-    #: acceptance (besides two latencies): what a probe's edge is counted
-    #: over. Kept back from the last send, a refusal a gap later took one
-    #: away (nginx at 2 r/s was counted at 1/s).
+    #: Horizons of answered sends the log keeps back from the last acceptance
+    #: (and two latencies): what a probe's edge is counted over. Kept back from
+    #: the last send, a refusal a gap later took one away (2 r/s read 1/s).
     sends_horizons: float = 2.0
     #: Seconds over which the scope's own send rate is measured (no burst earned idle).
     send_rate_span: float = 1.0
@@ -100,10 +99,9 @@ class AdaptiveTuning:
     #: within five windows.
     long_window_holds: float = 4.0
     #: Seconds: a quota the headers count whose reset is at most this far is
-    #: spread evenly over its window (the steady stream a window of seconds or
-    #: minutes sees best); a longer one, such as an hourly quota, is spent as
-    #: it comes (the work is done sooner, and a limit the headers do not show
-    #: is found by the rate loop).
+    #: spread evenly over its window (what a window of seconds or minutes sees
+    #: best); a longer one, an hourly quota, is spent as it comes (the work is
+    #: done sooner; a limit the headers do not show is found by the rate loop).
     stated_pace_within: float = 300.0
     #: Each step of a search up once a leaky bucket showed (a search refused at
     #: once): it refuses a doubled rate's first early send, so a quarter more.
@@ -161,6 +159,9 @@ class AdaptiveTuning:
     #: the network's noise stays, a refusal in about as many widens it again
     #: (halved per look for a rise, each look cost one more, at the guard).
     spacing_narrow_over: int = 400
+    #: Refused again once moved back down, it moves down half as fast, down to this
+    #: many times slower (each such refusal costs more than the pace gains).
+    spacing_patience: int = 8
     #: Answers are judged this many of the longest recent latencies of acceptances
     #: after their send (a refusal comes back at once, acceptances later)...
     spacing_lag: float = 1.5
@@ -190,12 +191,11 @@ class AdaptiveTuning:
     #: The first wait after a knock is refused (seconds); it doubles per knock.
     closed_wait: float = 0.5
     #: The windows limits are set in (seconds): a window that opens at its
-    #: first request (a fixed window on ``limits``' storages, HAProxy's
-    #: periods) or lets go of it after its length (a sliding one) frees up
-    #: that long after the run began. A closed server is knocked on just
-    #: after the next of these since the run began, instead of after a
-    #: doubled wait: knocks at 2.7, 3.7, 5.7, 9.7 and 17.7 s read a fixed
-    #: 10 s window as 17.7 s long (57 % of its rate); at 5 and 10.2 s, as 10.2 s.
+    #: first request (``limits``' fixed windows, HAProxy's periods) or lets go
+    #: of it after its length (a sliding one) frees up that long after the run
+    #: began. A closed server is knocked on just after the next of these since
+    #: the run began, not after a doubled wait: knocks at 2.7, 3.7, 5.7, 9.7 and
+    #: 17.7 s read a fixed 10 s window as 17.7 s long (57 % of its rate).
     round_windows: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
     #: ...that share of the window after it (a clock's or a network's
     #: difference; the window read is as much longer, its rate as much lower).
