@@ -12,13 +12,19 @@ oracle over the second half, under 2 % refused, 90 % of the allowed rate
 within 15 s (windows of a minute or longer: within the second window),
 nothing inside an announced wait.
 
+``--jitter SECONDS`` puts every model behind
+:class:`~throttlekit.testing.Jittered`: each send reaches the server up to
+that long after it left, as on a real machine and network, where the models
+alone see every send at the instant it was granted (three fragilities of
+Adaptive showed only so). The oracle goes through the same path.
+
 The cases with headers state their reset as an epoch, which the models
 compute from the wall clock, rounded down as Flask-Limiter does, and the
 limiter reads against the wall clock too: where that rounding falls varies
 from run to run, so those rows vary (as they would against the real
 servers); every other row is deterministic.
 
-Usage: ``python -m benchmarks.real_limiters_sweep [--backend trio] [--only TEXT]``
+Usage: ``python -m benchmarks.real_limiters_sweep [--backend trio] [--only TEXT] [--jitter S]``
 (about two minutes on a loaded 2-core machine).
 """
 
@@ -32,6 +38,7 @@ from typing import Any
 from throttlekit.testing import (
     FrameworkLimiter,
     HAProxyRate,
+    Jittered,
     NginxLimitConn,
     NginxLimitReq,
     ServerModel,
@@ -47,7 +54,7 @@ from .real_limiters import (
 from .real_limiters_servers import RealLimiter
 from .real_limiters_virtual import run_virtual
 
-__all__ = ["CASES", "main", "sweep"]
+__all__ = ["CASES", "main", "models", "sweep"]
 
 
 def _case(name: str, kind: str, rate: float, model: ServerModel, window: float = 1.0) -> Any:
@@ -185,14 +192,25 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
 )
 
 
+def models(
+    cases: Sequence[tuple[RealLimiter, ServerModel]], *, jitter: float = 0.0
+) -> dict[str, ServerModel]:
+    """Each case's model by name, behind ``jitter`` seconds of network delay if any."""
+    return {
+        limiter.name: Jittered(server=model, jitter=jitter) if jitter else model
+        for limiter, model in cases
+    }
+
+
 def sweep(
-    cases: Sequence[tuple[RealLimiter, ServerModel]], *, backend: str = "asyncio"
+    cases: Sequence[tuple[RealLimiter, ServerModel]],
+    *,
+    backend: str = "asyncio",
+    jitter: float = 0.0,
 ) -> list[list[Any]]:
     """One row per case: name, % of oracle, refused, 90 % at, inside waits, verdict."""
     limiters = [limiter for limiter, _ in cases]
-    runs = run_virtual(
-        limiters, backend=backend, models={limiter.name: model for limiter, model in cases}
-    )
+    runs = run_virtual(limiters, backend=backend, models=models(cases, jitter=jitter))
     rows = []
     for limiter in limiters:
         mine = measure(runs[limiter.name]["Adaptive"], limiter, limiter.seconds)
@@ -228,9 +246,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.real_limiters_sweep")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument("--only", help="only the cases whose name contains this text")
+    parser.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="each send reaches the server up to this long after it left (default: 0)",
+    )
     args = parser.parse_args(argv)
+    if not 0.0 <= args.jitter < 1.0:
+        parser.error("--jitter must be at least 0 and under a second")
     cases = [case for case in CASES if args.only is None or args.only in case[0].name]
-    rows = sweep(cases, backend=args.backend)
+    rows = sweep(cases, backend=args.backend, jitter=args.jitter)
     columns = ["case", "Adaptive, of oracle", "refused", "90 % at", "inside waits", "verdict"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))

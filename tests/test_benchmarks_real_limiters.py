@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.real_limiters import LIMITERS, measure
+from benchmarks.real_limiters_sweep import CASES, models
 from benchmarks.real_limiters_virtual import run_virtual
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +38,22 @@ def test_oracle_gets_every_model_limit_in_virtual_time(backend: str) -> None:
         assert case["share_second_half"] == pytest.approx(1.0, abs=0.01), limiter.name
         assert case["refused"] == 0, limiter.name
         assert case["reach_s"] == limiter.reach_window, limiter.name
+
+
+def test_the_sweeps_jitter_reaches_the_models() -> None:
+    # The oracle paced at nginx's 10r/s without burst: every send accepted
+    # straight, some refused behind 20 ms of jitter (they arrive closer than
+    # the bucket's interval).
+    (case,) = [case for case in CASES if case[0].name == "limit_req 10r/s latency 0.001"]
+    limiter = replace(case[0], seconds=10.0)
+    refused = {}
+    for jitter in (0.0, 0.02):
+        runs = run_virtual(
+            [limiter], clients={"oracle"}, models=models([(limiter, case[1])], jitter=jitter)
+        )
+        refused[jitter] = measure(runs[limiter.name]["oracle"], limiter, 10.0)["refused"]
+    assert refused[0.0] == 0
+    assert refused[0.02] > 0
 
 
 @pytest.mark.slow
