@@ -686,6 +686,23 @@ def test_jittered_sends_arrive_late_by_at_most_the_jitter_and_in_order() -> None
     assert unmoved.at == pytest.approx(sends)
 
 
+def test_a_model_behind_jittered_reads_the_wall_clock_as_the_send_arrives() -> None:
+    # A fixed window opened by the first arrival states one reset to every
+    # answer in it. Read at the send instead, each stated it that send's
+    # delay early, and an integer reset then fell a whole second early for
+    # some (Flask-Limiter's fixed 20 per 5 s behind 5 ms of jitter: a
+    # refusal at each stated reset, 75 % of the oracle, an artefact).
+    window = FrameworkLimiter(
+        limit=1000, window=10.0, strategy="fixed", reset_late=0.0, reset_format="float"
+    )
+    requests = steady("https://a.test/{i}", rate=100.0, count=200)
+    jittered = Jittered(server=window, jitter=0.05)
+    trace = simulate(PLAIN, jittered, requests, seed=7, wall_epoch=1_000_000.0)
+    resets = [float(record.headers["X-RateLimit-Reset"]) for record in trace.requests]
+    first = min(record.responded - 0.05 for record in trace.requests if record.responded)
+    assert resets == pytest.approx([1_000_000.0 + first + 10.0] * len(resets), abs=1e-6)
+
+
 def test_jittered_checks_its_arguments() -> None:
     with pytest.raises(TypeError, match="server model"):
         Jittered(server=object(), jitter=0.01)  # type: ignore[arg-type]

@@ -6,7 +6,8 @@ import time
 from asyncio import BaseEventLoop, _get_running_loop
 from asyncio import current_task as _asyncio_task
 from asyncio import tasks as _asyncio_tasks
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from threading import get_ident
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "simulated_wall",
     "tasks",
     "wall",
+    "wall_ahead",
 ]
 
 #: The epoch seconds a simulation's wall clock shows at its virtual time 0
@@ -117,6 +119,26 @@ def wall() -> float:
 def simulated_wall(epoch: float | None) -> None:
     """Make :func:`wall` show ``epoch`` at virtual time 0 in this context (``None``: real)."""
     _wall_epoch.set(epoch)
+
+
+@contextmanager
+def wall_ahead(seconds: float) -> Iterator[None]:
+    """Within, a simulation's :func:`wall` reads ``seconds`` ahead of its virtual time.
+
+    A server model answers a send that reaches it later than it left (behind
+    :class:`~throttlekit.testing.Jittered`) at once, told the instant it
+    arrives: its wall clock must read that instant too. The real clock is
+    left alone.
+    """
+    epoch = _wall_epoch.get()
+    if epoch is None:
+        yield
+        return
+    token = _wall_epoch.set(epoch + seconds)
+    try:
+        yield
+    finally:
+        _wall_epoch.reset(token)
 
 
 def now_or_monotonic() -> float:

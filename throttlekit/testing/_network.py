@@ -7,6 +7,7 @@ import random
 import attrs
 
 from .._checks import non_negative
+from .._clock import wall_ahead
 from ._model import SimRequest, SimResponse
 from ._servers import Responder, ServerModel, server_model
 
@@ -22,7 +23,8 @@ class Jittered:
     few tens of ms, while the limiter paces the instants it grants. Each
     send here reaches ``server`` a delay drawn evenly from ``[0, jitter]``
     after it left, but never before the send ahead of it (a connection
-    keeps order); its answer's latency includes that delay.
+    keeps order); its answer's latency includes that delay, and a model that
+    states its resets on the wall clock reads it as the send arrives.
 
     A leaky bucket without burst (nginx's ``limit_req``) refuses a request
     sooner than its interval *T* after the last one it accepted, so sends
@@ -48,7 +50,8 @@ class Jittered:
         def arrive(request: SimRequest, now: float) -> SimResponse:
             nonlocal last
             last = max(last, now + delays.uniform(0.0, self.jitter))
-            response = respond(request, last)
+            with wall_ahead(last - now):  # (a server reads its clock as the send arrives)
+                response = respond(request, last)
             return attrs.evolve(response, latency=response.latency + (last - now))
 
         return arrive
