@@ -338,6 +338,37 @@ async def test_backoff_and_retry_after_are_shared(redis_server: RedisServer, pre
 
 
 @pytest.mark.anyio
+async def test_a_decision_run_again_on_a_newer_state_is_logged_once(
+    redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The controllers run on the state a grant brought; another process
+    # wrote the scope meanwhile, so they run again on the newer one, and
+    # only that run's write stands. Both runs were logged: three processes
+    # against nginx read "edge 20/s", then "edge 21/s", for one refusal.
+    one = make_backend(redis_server, prefix)
+    two = make_backend(redis_server, prefix)
+    policy = fast(concurrency=4, delay=0.05)
+    first = throttlekit.Limiter(default=policy, backend=one)
+    second = throttlekit.Limiter(default=policy, backend=two)
+    caplog.set_level(logging.DEBUG, logger="throttlekit.backoff")
+    async with first.acquire(scopes="site") as permit:
+        permit.record(status=429)  # a step (and a stored state, which grants bring)
+    early, late = first.acquire(scopes="site"), second.acquire(scopes="site")
+    await enter_elsewhere(early)
+    await enter_elsewhere(late)
+    late.record(status=429)
+    await late.__aexit__(None, None, None)  # a second step
+    early.record(status=429)
+    await early.__aexit__(None, None, None)  # in flight before it: the same step
+    steps = [record.getMessage() for record in caplog.records]
+    assert len(steps) == 2, steps  # (run on the grant's state, it read as a third)
+    stats = await one.scope_statistics(first, "site")
+    assert stats.backoff_level == 2
+    await one.aclose()
+    await two.aclose()
+
+
+@pytest.mark.anyio
 async def test_max_stall_gives_up_on_a_scope_blocked_through_redis(
     redis_server: RedisServer, prefix: str
 ) -> None:

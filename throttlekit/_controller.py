@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
@@ -12,11 +15,71 @@ if TYPE_CHECKING:
     from ._policy import ScopePolicy
     from .headers import RateLimitInfo
 
-__all__ = ["BaseController", "Controller", "Feedback", "ScopeSnapshot", "ScopeView"]
+__all__ = [
+    "BaseController",
+    "Controller",
+    "Feedback",
+    "ScopeSnapshot",
+    "ScopeView",
+    "held_decisions",
+    "tell_decisions",
+]
 
 #: Outcomes remembered for the built-in controllers' error shares (Adaptive's
 #: overload share, Backoff's ``error_share``).
 OUTCOMES = 40
+
+
+#: The loggers the built-in controllers tell their decisions on.
+DECISION_LOGGERS = (
+    "throttlekit.adaptive",
+    "throttlekit.autothrottle",
+    "throttlekit.backoff",
+    "throttlekit.rampup",
+)
+
+_held: ContextVar[list[logging.LogRecord] | None] = ContextVar(
+    "throttlekit_held_decisions", default=None
+)
+
+
+class _Hold(logging.Filter):
+    """Keeps a decision's record back while :func:`held_decisions` holds them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        held = _held.get()
+        if held is None:
+            return True
+        held.append(record)
+        return False
+
+
+_HOLD = _Hold()
+for _name in DECISION_LOGGERS:
+    logging.getLogger(_name).addFilter(_HOLD)
+
+
+@contextmanager
+def held_decisions() -> Iterator[list[logging.LogRecord]]:
+    """Within, the controllers' log records are kept in the list given, not emitted.
+
+    A shared backend runs the controllers on the state a grant brought, and
+    again on a newer one if another process wrote it meanwhile: only the run
+    whose write stands decided anything (:func:`tell_decisions`), and two
+    runs told ("edge 20/s", then "edge 21/s") read as two decisions.
+    """
+    records: list[logging.LogRecord] = []
+    token = _held.set(records)
+    try:
+        yield records
+    finally:
+        _held.reset(token)
+
+
+def tell_decisions(records: Sequence[logging.LogRecord]) -> None:
+    """Emit the records :func:`held_decisions` kept, on their own loggers."""
+    for record in records:
+        logging.getLogger(record.name).handle(record)
 
 
 def remember_outcome(outcomes: list[int], outcome: int) -> None:

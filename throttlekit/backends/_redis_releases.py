@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from .._clock import now as _now
+from .._controller import held_decisions, tell_decisions
 from . import _redis_scripts as scripts
 from ._redis_args import (
     AS_DECLARED,
@@ -59,11 +60,13 @@ _SURE: Final = 1.0
 class _Pending:
     """One release being prepared: each scope's arguments, the controllers' writes."""
 
-    __slots__ = ("feedback_at", "fixed", "wanted", "writes")
+    __slots__ = ("feedback_at", "fixed", "told", "wanted", "writes")
 
     def __init__(self) -> None:
         self.fixed: list[bytes] = []  # per scope: its arguments but the write
         self.writes: dict[int, bytes] = {}  # per scope index: the controllers' write
+        # per scope index: what the controllers logged making it (told if it stands)
+        self.told: dict[int, list[logging.LogRecord]] = {}
         self.wanted = False  # whether the feedback goes to some scope's controllers
         self.feedback_at: float | None = None  # the feedback's time, on Redis's clock
 
@@ -255,7 +258,8 @@ class Releases:
                     if pending.feedback_at is None:
                         pending.feedback_at = self._redis_now(lease)
                     at = pending.feedback_at
-                    write = feedback_write(scope, policy_args, stored, feedback, at)
+                    with held_decisions() as pending.told[index]:
+                        write = feedback_write(scope, policy_args, stored, feedback, at)
                     writes = (*write, b"%d" % stored.in_flight)
                     pending.writes[index] = b"".join(map(bulk_of, writes))
             pending.fixed.append(self._scope(scope, policy_args, want, consumed))
@@ -294,6 +298,8 @@ class Releases:
                 return None  # sent; its reply is read by the next call
             decoded = scripts.decode_release(reply)
             if type(decoded) is scripts.Released:
+                for index in sorted(pending.told):
+                    tell_decisions(pending.told[index])
                 return decoded
             assert type(decoded) is scripts.Stale
             if pending.feedback_at is None:
@@ -303,7 +309,8 @@ class Releases:
                 index = stored.index
                 policy_args = lease.policies[index]
                 at = pending.feedback_at
-                write = feedback_write(names[index], policy_args, stored, feedback, at)
+                with held_decisions() as pending.told[index]:
+                    write = feedback_write(names[index], policy_args, stored, feedback, at)
                 pending.writes[index] = b"".join(map(bulk_of, (*write, b"")))
         logger.warning(
             "scopes %s changed under %d tries to store feedback; it was dropped",
