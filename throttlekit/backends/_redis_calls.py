@@ -21,6 +21,7 @@ import anyio
 import attrs
 
 from .._clock import now as _now
+from .._controller import held_decisions, tell_decisions
 from . import _redis_scripts as scripts
 from ._redis_across import AcrossSlots
 from ._redis_args import (
@@ -373,9 +374,10 @@ class ScriptCalls:
         now = lease.send_at_ms / 1000.0
         pending = parse_states(states)
         for _ in range(WRITE_TRIES):
-            writes = {}
+            writes, told = {}, {}
             for stored in pending:
-                write = send_write(names[stored.index], policies[stored.index], stored, now)
+                with held_decisions() as told[stored.index]:
+                    write = send_write(names[stored.index], policies[stored.index], stored, now)
                 if write is not None:
                     writes[stored.index] = write
             if not writes:
@@ -390,5 +392,8 @@ class ScriptCalls:
                 logger.debug("could not store the controllers' state after a send: %r", exc)
                 return  # the next send finds them still due
             pending = parse_states(scripts.decode_sync(reply))
+            stale = {stored.index for stored in pending}
+            for index in sorted(writes.keys() - stale):  # (the writes that stood)
+                tell_decisions(told[index])
             if not pending:
                 return
