@@ -460,15 +460,17 @@ def _percentile(values: Sequence[float], fraction: float) -> float | None:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def inside_waits(records: Sequence[Record], *, start: float, end: float) -> int:
+def inside_waits(
+    records: Sequence[Record], *, start: float, end: float, grace: float = GRACE
+) -> int:
     """Requests arriving in ``[start, end)`` inside a wait the site announced before.
 
     A response announcing ``wait`` seconds, sent at ``finished``, covers
-    ``(finished + GRACE, finished + wait)``: a request arriving in it was
+    ``(finished + grace, finished + wait)``: a request arriving in it was
     sent after the client could have read that it should wait.
     """
     spans = sorted(
-        (finished + GRACE, finished + wait) for _, finished, _, wait in records if wait > GRACE
+        (finished + grace, finished + wait) for _, finished, _, wait in records if wait > grace
     )
     merged: list[list[float]] = []
     for low, high in spans:

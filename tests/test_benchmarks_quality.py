@@ -82,6 +82,8 @@ def test_inside_waits_counts_sends_after_the_answer_within_its_wait() -> None:
     ]
     assert inside_waits(records, start=0.0, end=10.0) == 2
     assert inside_waits(records, start=1.0, end=10.0) == 1
+    # A longer grace: the send at 0.5 could not have known; the one at 1.2 could.
+    assert inside_waits(records, start=0.0, end=10.0, grace=0.45) == 1
     assert inside_waits([(0.0, 0.1, 200, 0.0)] * 3, start=0.0, end=1.0) == 0
 
 

@@ -32,6 +32,13 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 LIMIT = 3
 SECONDS = 4.0
 SHARED = next(client for client in CLIENTS if client.processes > 1)
+#: Seconds after a refusal before another process can know of its wait: the
+#: refusing one reads the answer and writes the wait to Redis, and a request
+#: another one was granted just before may reach the site after that (tens
+#: of ms on a loaded 2-core machine: one arrived 17 ms after the refusal in
+#: a clean CI run). Processes that did not share would send through most of
+#: the second told.
+SHARED_GRACE = 0.1
 
 
 @pytest.fixture
@@ -87,7 +94,7 @@ async def test_three_processes_keep_one_budget_and_honour_each_others_waits(
     assert all(sum(view["counts"].values()) > 0 for view in processes), processes
     start = records[0][0]
     refused = sum(1 for record in records if record[2] == 429)
-    inside = inside_waits(records, start=start, end=start + SECONDS + 1)
+    inside = inside_waits(records, start=start, end=start + SECONDS + 1, grace=SHARED_GRACE)
     timeline = [(round(at - start, 2), status) for at, _, status, _ in records]
     # Refusals came, so that there were waits to honour, but as one budget's:
     # three processes apart would each start above the limit and each be
