@@ -6,14 +6,15 @@ machine adds noise. The number of instructions an operation executes depends
 only on the code and the CPython build, so it shows a change in the fast path
 exactly, and lets a run on one machine be compared with a run on another.
 
-Each count runs one case of :mod:`benchmarks.peers` (or, for a factory named
-``sync_*``, of :mod:`benchmarks.sync_bench`) in a subprocess under
-valgrind's cachegrind (no cache simulation): once for ``small`` operations and
+Each count runs one case of :mod:`benchmarks.peers` (or of another module
+that runs its own cases so, as :mod:`benchmarks.sync_bench` does) in a
+subprocess under valgrind's cachegrind (no cache simulation): once for ``small`` operations and
 once for ``large``, after the same warmup; the difference divided by
 ``large - small`` is the count of one operation, start-up and warmup taken out.
 
-``python -m benchmarks.instructions FACTORY N`` is that subprocess: it makes
-the case with the factory of that name and runs its loop N times.
+``python -m benchmarks.instructions FACTORY N`` is that subprocess for
+:mod:`benchmarks.peers`: it makes the case with the factory of that name and
+runs its loop :data:`WARMUP` times, then N times.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from pathlib import Path
 
 from . import peers
 
-__all__ = ["count_instructions", "valgrind"]
+__all__ = ["WARMUP", "count_instructions", "valgrind"]
 
 _REPO = Path(__file__).resolve().parent.parent
-_WARMUP = 1_000
+#: Operations run before the counted ones, in both runs (imports, caches, the
+#: first grants' slower paths).
+WARMUP = 1_000
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
@@ -39,17 +42,26 @@ def valgrind() -> str | None:
     return shutil.which("valgrind")
 
 
-def count_instructions(factory: str, small: int = 20_000, large: int = 120_000) -> float:
+def count_instructions(
+    factory: str,
+    small: int = 20_000,
+    large: int = 120_000,
+    *,
+    module: str = "benchmarks.instructions",
+) -> float:
     """Instructions per operation of the case made by ``peers.<factory>()``.
+
+    ``module``: the module whose ``python -m MODULE FACTORY N`` runs the
+    case instead (:mod:`benchmarks.sync_bench` for its own).
 
     :raises RuntimeError: when valgrind is not installed or the run fails.
     """
     if not 0 <= small < large:
         raise ValueError(f"need 0 <= small < large, got {small}, {large}")
-    return (_total(factory, large) - _total(factory, small)) / (large - small)
+    return (_total(module, factory, large) - _total(module, factory, small)) / (large - small)
 
 
-def _total(factory: str, n: int) -> int:
+def _total(module: str, factory: str, n: int) -> int:
     binary = valgrind()
     if binary is None:
         raise RuntimeError("valgrind is not installed")
@@ -60,7 +72,7 @@ def _total(factory: str, n: int) -> int:
         "--cachegrind-out-file=/dev/null",
         sys.executable,
         "-m",
-        "benchmarks.instructions",
+        module,
         factory,
         str(n),
     ]
@@ -74,28 +86,12 @@ def _total(factory: str, n: int) -> int:
 async def _run(factory: str, n: int) -> None:
     case = await getattr(peers, factory)()
     try:
-        await case.loop(_WARMUP)
+        await case.loop(WARMUP)
         await case.loop(n)
     finally:
         if case.cleanup is not None:
             await case.cleanup()
 
 
-def _run_sync(factory: str, n: int) -> None:
-    """A case of :mod:`benchmarks.sync_bench` (a factory named ``sync_*``), in this thread."""
-    from . import sync_bench
-
-    case = getattr(sync_bench, factory)()
-    try:
-        case.loop(_WARMUP)
-        case.loop(n)
-    finally:
-        if case.cleanup is not None:
-            case.cleanup()
-
-
 if __name__ == "__main__":
-    if sys.argv[1].startswith("sync_"):
-        _run_sync(sys.argv[1], int(sys.argv[2]))
-    else:
-        asyncio.run(_run(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(_run(sys.argv[1], int(sys.argv[2])))

@@ -14,13 +14,15 @@ Three parts, one suite (``sync``):
   of what its policy allows, and the most requests it saw at once.
 
 Every factory returns a :class:`SyncCase` whose ``loop(n)`` performs ``n``
-operations; ``python -m benchmarks.instructions <factory> N`` counts them
-(the factories' names start with ``sync_``).
+operations; ``python -m benchmarks.sync_bench <factory> N`` runs one so,
+for :func:`benchmarks.instructions.count_instructions` to count under
+valgrind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,13 +33,15 @@ from throttlekit import ScopePolicy, SyncLimiter
 
 from ._harness import RunConfig, Skip, Suite, SuiteResult, Table, Target, fmt_ns, fmt_ratio
 from ._harness import measure_loops as _measure_async
-from .instructions import count_instructions, valgrind
+from .instructions import WARMUP, count_instructions, valgrind
 from .peers import HOST, HUGE_RATE, URL, PeerMissing
 
 __all__ = ["SUITES", "SyncCase"]
 
 FREE = ScopePolicy(concurrency=None, delay=0)
 THREADS = 64
+#: The module whose ``python -m`` runs one of its cases for valgrind (:func:`_run_case`).
+_MODULE = "benchmarks.sync_bench"
 
 
 @dataclass
@@ -309,7 +313,9 @@ def _instructions(
         result.skipped.append(Skip("sync instructions/op", "quick run or no valgrind"))
         return {}
     counts = {
-        label: count_instructions(factory_of[label]) for label in _COUNTED if label in factory_of
+        label: count_instructions(factory_of[label], module=_MODULE)
+        for label in _COUNTED
+        if label in factory_of
     }
     reference = counts.get("threading.Semaphore")
     table = Table(
@@ -427,3 +433,21 @@ def run_sync(config: RunConfig) -> SuiteResult:
     crawl(config, result)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _run_case(factory: str, n: int) -> None:
+    """``python -m benchmarks.sync_bench FACTORY N``: a case, its loop run ``WARMUP`` then N times.
+
+    The subprocess :func:`~benchmarks.instructions.count_instructions` counts.
+    """
+    case = globals()[factory]()
+    try:
+        case.loop(WARMUP)
+        case.loop(n)
+    finally:
+        if case.cleanup is not None:
+            case.cleanup()
+
+
+if __name__ == "__main__":
+    _run_case(sys.argv[1], int(sys.argv[2]))
