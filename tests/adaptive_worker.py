@@ -4,13 +4,15 @@
 ``shared`` (``ScopePolicy(concurrency=16, delay=0, adaptive=Adaptive())``)
 lives in Redis, recording every response on its permit. The worker prints
 ``ready``, starts on a line on stdin, runs for ``--duration`` seconds and
-prints ``done``.
+prints ``done``. With ``--log FILE`` Adaptive's decisions (its DEBUG log)
+go to that file, each line after the wall-clock time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 
 import aiohttp
@@ -28,7 +30,14 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("--name", default="worker")
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--log", help="write Adaptive's decisions to this file")
     args = parser.parse_args(argv)
+    if args.log:
+        handler = logging.FileHandler(args.log)
+        handler.setFormatter(logging.Formatter("%(created).3f %(message)s"))
+        decisions = logging.getLogger("throttlekit.adaptive")
+        decisions.addHandler(handler)
+        decisions.setLevel(logging.DEBUG)
     backend = RedisBackend.from_url(args.redis_url, prefix=args.prefix, failure="fail_closed")
     policy = throttlekit.ScopePolicy(concurrency=16, delay=0, adaptive=throttlekit.Adaptive())
     limiter = throttlekit.Limiter(scopes={"shared": policy}, backend=backend, concurrency=None)
