@@ -5,15 +5,6 @@ and only the first of them asks Redis. A first-in-line waiter that Redis
 told to wait for a release sleeps until a release of its scope is published
 (one pub/sub subscription per backend, read by one of the waiting tasks:
 no background task) or until its own deadline.
-
-Across processes, a full scope keeps a line of the processes that wait for
-it, by when each first asked (a token per backend): a release
-wakes the first of them only, its message ``"<scope> <token>"``. Woken
-all at once, every process asked Redis for the one slot freed (33 calls per
-grant with 32 processes). A wake-up that finds its first waiter between two
-calls is kept for it; one that finds none (it left unserved) is lost, and
-the waiters of other processes find the slot at their next look, within
-:data:`RELEASE_RECHECK`.
 """
 
 from __future__ import annotations
@@ -37,10 +28,8 @@ Lease = TypeVar("Lease")
 logger = logging.getLogger("throttlekit.backends.redis")
 
 #: Longest wait for a release before looking again (a safety net: releases
-#: normally wake the first process in line through pub/sub at once; a
-#: wake-up meant for a process that left unserved is lost, and the slot
-#: waits this long at most).
-RELEASE_RECHECK: Final = 1.0
+#: normally wake waiters through pub/sub at once).
+RELEASE_RECHECK: Final = 5.0
 #: How often a waiter looks again when pub/sub is not permitted (ACLs).
 POLL_WITHOUT_PUBSUB: Final = 0.05
 #: Longest sleep on a time-based wait (quota that cannot fit until released).
@@ -54,7 +43,7 @@ def _timeout(costs: Mapping[str, float]) -> ThrottleTimeout:
 class Waiter:
     """One acquire() waiting in this process."""
 
-    __slots__ = ("asking", "event", "priority", "queue", "seq", "turn", "woken")
+    __slots__ = ("event", "priority", "queue", "seq", "turn", "woken")
 
     def __init__(self, priority: int, seq: int) -> None:
         self.priority = priority
@@ -62,7 +51,6 @@ class Waiter:
         self.queue: str | None = None  # the scope whose line it stands in
         self.event: anyio.Event | None = None  # made when it sleeps
         self.woken = False
-        self.asking = False  # whether its call to Redis is under way
         self.turn: bytes | float = 0.0  # the last turn Redis gave it (Redis clock, ms; 0 = none)
 
     def __repr__(self) -> str:
@@ -77,19 +65,15 @@ class Waiter:
 class WaiterLine:
     """The lines of this process's waiters, one per scope, and the pub/sub wake-ups."""
 
-    def __init__(
-        self, client: Any, channel: str, token: str, location: str, subscribe_timeout: float
-    ) -> None:
+    def __init__(self, client: Any, channel: str, location: str, subscribe_timeout: float) -> None:
         self._client = client
         self._channel = channel
-        self._token = token
         self._location = location
         self._subscribe_timeout = subscribe_timeout
         self._seq = itertools.count()
         self._ties = itertools.count()
         self._queues: dict[str, list[tuple[int, int, int, Waiter]]] = {}
         self._release_waiters: dict[Waiter, None] = {}
-        self._woken: set[str] = set()  # scopes woken while their first waiter was asking
         self._listener: Waiter | None = None
         self._pubsub: Any = None
         self._pubsub_denied = False
@@ -138,11 +122,7 @@ class WaiterLine:
                     # would hand each a turn, one delay after the other, and turns
                     # served early would leave the scope idle for the next to ask).
                     self.join(waiter, next(iter(costs)))
-                waiter.asking = True
-                try:
-                    result = await attempt(waiter.turn)
-                finally:
-                    waiter.asking = False
+                result = await attempt(waiter.turn)
                 if not isinstance(result, tuple):
                     return result
                 index, wait, full, waiter.turn = result
@@ -186,7 +166,6 @@ class WaiterLine:
             heapq.heappop(heap)
         if heap is not None:
             del self._queues[scope]
-            self._woken.discard(scope)
         return None
 
     def blocker(self, costs: Mapping[str, float], waiter: Waiter) -> str | None:
@@ -237,9 +216,6 @@ class WaiterLine:
         """First in line: sleep until ``deadline`` or (``on_release``) a release of its scope."""
         waiter.woken = False
         if on_release:
-            if waiter.queue in self._woken:  # (woken while it asked: look again)
-                self._woken.discard(waiter.queue)
-                return
             self._release_waiters[waiter] = None
         try:
             while not waiter.woken:
@@ -314,7 +290,13 @@ class WaiterLine:
                     await self.drop_pubsub()
                     return
                 if message is not None and message.get("type") in ("message", b"message"):
-                    self._released(message.get("data"))
+                    data = message.get("data")
+                    scope = (
+                        data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+                    )
+                    top = self.top(scope)
+                    if top is not None and top in self._release_waiters:
+                        self._wake(top)
         finally:
             self._listener = None
             for other in self._release_waiters:
@@ -322,20 +304,6 @@ class WaiterLine:
                     if other.event is not None:
                         other.event.set()  # take over the listening
                     break
-
-    def _released(self, data: Any) -> None:
-        """A release's message: wake this process's first waiter if the wake-up is for it."""
-        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
-        scope, _, token = text.rpartition(" ")
-        if token != self._token:
-            return
-        top = self.top(scope)
-        if top is None:
-            return  # (left unserved: lost, see the module)
-        if top in self._release_waiters:
-            self._wake(top)
-        elif top.asking:
-            self._woken.add(scope)  # (it looks again if Redis tells it to wait for a release)
 
     async def drop_pubsub(self) -> None:
         pubsub, self._pubsub = self._pubsub, None

@@ -20,12 +20,7 @@ local function drop_lease(L, lease_id, now, now_text)
   return removed, expiry ~= nil and expiry > now
 end
 
--- A release freed a slot: wake the process first in the scope's line of
--- processes waiting for one (`W`), and it alone: ``"<name> <token>"``. (A
--- process that left the line unserved loses the wake-up; its waiters' next
--- look finds the slot.)
+-- A release freed a slot: wake the scope's waiters, if some wait (flag `W`).
 local function wake_waiters(removed, W, channel, name)
-  if removed ~= 1 then return end
-  local first = redis.call('ZPOPMIN', W)
-  if first[1] then redis.call('PUBLISH', channel, name .. ' ' .. first[1]) end
+  if removed == 1 and redis.call('EXISTS', W) == 1 then redis.call('PUBLISH', channel, name) end
 end
