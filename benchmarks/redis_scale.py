@@ -333,30 +333,33 @@ def _run(servers: Servers, processes: int, mode: str, duration: float) -> dict[s
         "acquire_calls_per_grant": sum(output["calls"] for output in outputs) / grants,
         "unavailable": sum(output["unavailable"] for output in outputs),
     }
-    if mode != "spread":
-        sends = sorted(send for send, _ in by_scope[0])
-        achieved = (len(sends) - 1) / (sends[-1] - sends[0])
-    if mode == "bound":
-        allowed = PACED_CONCURRENCY / BOUND_HOLD
-        result.update(
-            concurrency=PACED_CONCURRENCY,
-            allowed_rate=allowed,
-            achieved_rate=achieved,
-            achieved_share=achieved / allowed,
-        )
-    elif mode == "paced":
-        policy_rate = 1.0 / PACED_DELAY
-        result.update(
-            concurrency=PACED_CONCURRENCY,
-            policy_rate=policy_rate,
-            achieved_rate=achieved,
-            rate_error_pct=(achieved - policy_rate) / policy_rate * 100.0,
-            min_gap_over_delay=min(b - a for a, b in itertools.pairwise(sends)) / PACED_DELAY,
-        )
-    else:
+    if mode == "spread":
         result["concurrency"] = 1
         result["grants_per_s_per_node"] = grants / duration / len(servers.ports)
+    else:
+        result.update(_one_scope(mode, sorted(send for send, _ in by_scope[0])))
     return result
+
+
+def _one_scope(mode: str, sends: list[float]) -> dict[str, Any]:
+    """The one scope's figures (``paced`` or ``bound``) from its send times, in order."""
+    achieved = (len(sends) - 1) / (sends[-1] - sends[0])
+    if mode == "bound":
+        allowed = PACED_CONCURRENCY / BOUND_HOLD
+        return {
+            "concurrency": PACED_CONCURRENCY,
+            "allowed_rate": allowed,
+            "achieved_rate": achieved,
+            "achieved_share": achieved / allowed,
+        }
+    policy_rate = 1.0 / PACED_DELAY
+    return {
+        "concurrency": PACED_CONCURRENCY,
+        "policy_rate": policy_rate,
+        "achieved_rate": achieved,
+        "rate_error_pct": (achieved - policy_rate) / policy_rate * 100.0,
+        "min_gap_over_delay": min(b - a for a, b in itertools.pairwise(sends)) / PACED_DELAY,
+    }
 
 
 def _killed(servers: Servers, lease_time: float = KILL_LEASE_TIME) -> dict[str, Any]:
@@ -461,7 +464,7 @@ if __name__ == "__main__":
 
 def run_suite(config: Any) -> Any:
     """The scale measurements as a :class:`~benchmarks._harness.SuiteResult`."""
-    from ._harness import Skip, SuiteResult, Table, Target
+    from ._harness import Skip, SuiteResult
 
     result = SuiteResult(
         name="redis-scale",
@@ -481,89 +484,9 @@ def run_suite(config: Any) -> Any:
     if "skipped" in measured:
         result.skipped.append(Skip("redis-scale", measured["skipped"]))
         return result
-    paced = Table(
-        f"one scope (policy: concurrency {PACED_CONCURRENCY}, {1 / PACED_DELAY:g} sends/s)",
-        ["deployment", "processes", "achieved (sends/s)", "error %", "max in flight",
-         "smallest gap / delay", "acquire calls per grant", "client CPU per grant (us)"],
-    )  # fmt: skip
-    bound = Table(
-        f"one scope bound by its concurrency ({PACED_CONCURRENCY}, each request held "
-        f"{BOUND_HOLD * 1000:g} ms: {PACED_CONCURRENCY / BOUND_HOLD:g}/s allowed)",
-        ["deployment", "processes", "achieved (sends/s)", "share of allowed", "max in flight",
-         "acquire calls per grant", "client CPU per grant (us)", "Redis CPU per grant (us)"],
-    )  # fmt: skip
-    spread = Table(
-        f"{SPREAD_SCOPES:,} scopes at saturation",
-        ["deployment", "processes", "grants/s", "grants/s per node", "max in flight",
-         "Redis CPU per grant (us)", "Redis CPU per node (s)", "acquire calls per grant",
-         "client CPU per grant (us)"],
-    )  # fmt: skip
-    for entry in measured["runs"]:
-        if entry["mode"] == "bound":
-            bound.add(
-                entry["deployment"],
-                entry["processes"],
-                round(entry["achieved_rate"], 1),
-                f"{entry['achieved_share']:.1%}",
-                f"{entry['max_in_flight']} / {entry['concurrency']}",
-                round(entry["acquire_calls_per_grant"], 2),
-                round(entry["client_cpu_us_per_grant"]),
-                round(entry["redis_cpu_us_per_grant"]),
-            )
-        elif entry["mode"] == "paced":
-            paced.add(
-                entry["deployment"],
-                entry["processes"],
-                round(entry["achieved_rate"], 1),
-                round(entry["rate_error_pct"], 1),
-                f"{entry['max_in_flight']} / {entry['concurrency']}",
-                round(entry["min_gap_over_delay"], 4),
-                round(entry["acquire_calls_per_grant"], 2),
-                round(entry["client_cpu_us_per_grant"]),
-            )
-        else:
-            spread.add(
-                entry["deployment"],
-                entry["processes"],
-                round(entry["grants_per_s"]),
-                round(entry["grants_per_s_per_node"]),
-                f"{entry['max_in_flight']} / 1",
-                round(entry["redis_cpu_us_per_grant"], 1),
-                " / ".join(f"{value:.2f}" for value in entry["redis_cpu_s_per_node"]),
-                round(entry["acquire_calls_per_grant"], 2),
-                round(entry["client_cpu_us_per_grant"]),
-            )
-    killed = Table(
-        "a worker killed while it holds every slot of a scope",
-        ["deployment", "leases", "lease_time (s)", "free again after (s)"],
-    )
-    for name, entry in measured["killed"].items():
-        killed.add(name, entry["leases"], entry["lease_time"], round(entry["back_after_s"], 3))
-    result.tables += [paced, bound, spread, killed]
+    result.tables += _tables(measured)
+    result.targets += _targets(measured)
     runs = measured["runs"]
-    worst = max(abs(entry["rate_error_pct"]) for entry in runs if entry["mode"] == "paced")
-    result.targets.append(
-        Target(
-            "Redis at scale: aggregate rate within 1 % of the policy, one scope",
-            "<= 1 %",
-            f"worst {worst:.1f} %",
-            worst <= 1.0,
-        )
-    )
-    most = max(entry["max_in_flight"] - entry["concurrency"] for entry in runs)
-    result.targets.append(
-        Target(
-            "Redis at scale: in flight never above the policy", "0 over", f"{most} over", most <= 0
-        )
-    )
-    result.targets.append(
-        Target(
-            "Redis at scale: a killed worker's leases back within lease_time",
-            "<= lease_time",
-            ", ".join(f"{entry['back_after_s']:.2f} s" for entry in measured["killed"].values()),
-            all(entry["within_lease_time"] for entry in measured["killed"].values()),
-        )
-    )
     slow = sum(entry["unavailable"] for entry in runs)
     result.notes += [
         f"Round trips over {COMMAND_TIMEOUT:g} s (the workers' command_timeout; the "
@@ -588,3 +511,113 @@ def run_suite(config: Any) -> Any:
     ]
     result.data = measured
     return result
+
+
+def _tables(measured: dict[str, Any]) -> list[Any]:
+    """The suite's tables: the paced scope, the bound scope, the 1,000 scopes, the kill."""
+    from ._harness import Table
+
+    paced = Table(
+        f"one scope (policy: concurrency {PACED_CONCURRENCY}, {1 / PACED_DELAY:g} sends/s)",
+        ["deployment", "processes", "achieved (sends/s)", "error %", "max in flight",
+         "smallest gap / delay", "acquire calls per grant", "client CPU per grant (us)"],
+    )  # fmt: skip
+    bound = Table(
+        f"one scope bound by its concurrency ({PACED_CONCURRENCY}, each request held "
+        f"{BOUND_HOLD * 1000:g} ms: {PACED_CONCURRENCY / BOUND_HOLD:g}/s allowed)",
+        ["deployment", "processes", "achieved (sends/s)", "share of allowed", "max in flight",
+         "acquire calls per grant", "client CPU per grant (us)", "Redis CPU per grant (us)"],
+    )  # fmt: skip
+    spread = Table(
+        f"{SPREAD_SCOPES:,} scopes at saturation",
+        ["deployment", "processes", "grants/s", "grants/s per node", "max in flight",
+         "Redis CPU per grant (us)", "Redis CPU per node (s)", "acquire calls per grant",
+         "client CPU per grant (us)"],
+    )  # fmt: skip
+    rows = {
+        "paced": (paced, _paced_row),
+        "bound": (bound, _bound_row),
+        "spread": (spread, _spread_row),
+    }
+    for entry in measured["runs"]:
+        table, row = rows[entry["mode"]]
+        table.add(*row(entry))
+    killed = Table(
+        "a worker killed while it holds every slot of a scope",
+        ["deployment", "leases", "lease_time (s)", "free again after (s)"],
+    )
+    for name, entry in measured["killed"].items():
+        killed.add(name, entry["leases"], entry["lease_time"], round(entry["back_after_s"], 3))
+    return [paced, bound, spread, killed]
+
+
+def _targets(measured: dict[str, Any]) -> list[Any]:
+    """The suite's targets: the paced rate, never over the concurrency, the kill."""
+    from ._harness import Target
+
+    runs = measured["runs"]
+    targets = []
+    worst = max(abs(entry["rate_error_pct"]) for entry in runs if entry["mode"] == "paced")
+    targets.append(
+        Target(
+            "Redis at scale: aggregate rate within 1 % of the policy, one scope",
+            "<= 1 %",
+            f"worst {worst:.1f} %",
+            worst <= 1.0,
+        )
+    )
+    most = max(entry["max_in_flight"] - entry["concurrency"] for entry in runs)
+    targets.append(
+        Target(
+            "Redis at scale: in flight never above the policy", "0 over", f"{most} over", most <= 0
+        )
+    )
+    targets.append(
+        Target(
+            "Redis at scale: a killed worker's leases back within lease_time",
+            "<= lease_time",
+            ", ".join(f"{entry['back_after_s']:.2f} s" for entry in measured["killed"].values()),
+            all(entry["within_lease_time"] for entry in measured["killed"].values()),
+        )
+    )
+    return targets
+
+
+def _paced_row(entry: dict[str, Any]) -> list[Any]:
+    return [
+        entry["deployment"],
+        entry["processes"],
+        round(entry["achieved_rate"], 1),
+        round(entry["rate_error_pct"], 1),
+        f"{entry['max_in_flight']} / {entry['concurrency']}",
+        round(entry["min_gap_over_delay"], 4),
+        round(entry["acquire_calls_per_grant"], 2),
+        round(entry["client_cpu_us_per_grant"]),
+    ]
+
+
+def _bound_row(entry: dict[str, Any]) -> list[Any]:
+    return [
+        entry["deployment"],
+        entry["processes"],
+        round(entry["achieved_rate"], 1),
+        f"{entry['achieved_share']:.1%}",
+        f"{entry['max_in_flight']} / {entry['concurrency']}",
+        round(entry["acquire_calls_per_grant"], 2),
+        round(entry["client_cpu_us_per_grant"]),
+        round(entry["redis_cpu_us_per_grant"]),
+    ]
+
+
+def _spread_row(entry: dict[str, Any]) -> list[Any]:
+    return [
+        entry["deployment"],
+        entry["processes"],
+        round(entry["grants_per_s"]),
+        round(entry["grants_per_s_per_node"]),
+        f"{entry['max_in_flight']} / 1",
+        round(entry["redis_cpu_us_per_grant"], 1),
+        " / ".join(f"{value:.2f}" for value in entry["redis_cpu_s_per_node"]),
+        round(entry["acquire_calls_per_grant"], 2),
+        round(entry["client_cpu_us_per_grant"]),
+    ]
