@@ -19,6 +19,10 @@ Modes:
     ``ready`` and a line on stdin, ``--tasks`` tasks take permits for
     ``--duration`` seconds, hold each 10 ms and record a 200; then the worker
     prints a JSON list of ``[send time, end time]`` (seconds since the epoch).
+``bound``
+    As ``rampup`` without the rampup, each permit held 20 ms: then the worker
+    prints ``{"records": [[send time, end time]...], "calls": acquire calls,
+    "grants": grants}``.
 
 The scope's policy is concurrency ``--concurrency``, delay ``--delay``, no
 slot delay and no jitter, with the default backoff.
@@ -42,7 +46,7 @@ from throttlekit.backends.redis import RedisBackend
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=("crawl", "hold", "rampup"))
+    parser.add_argument("mode", choices=("crawl", "hold", "rampup", "bound"))
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--name", default="worker")
@@ -116,6 +120,28 @@ async def _hold(args: argparse.Namespace) -> None:
 
 async def _rampup(args: argparse.Namespace) -> None:
     limiter, backend = _limiter(args)
+    records = await _take(args, limiter, 0.01)
+    await backend.aclose()
+    print(json.dumps(records), flush=True)
+
+
+async def _bound(args: argparse.Namespace) -> None:
+    limiter, backend = _limiter(args)
+    records = await _take(args, limiter, 0.02)
+    stats = backend.statistics()
+    await backend.aclose()
+    # (Not counting the warm-up's call and grant.)
+    output = {"records": records, "calls": stats.acquire_calls - 1, "grants": stats.grants - 1}
+    print(json.dumps(output), flush=True)
+
+
+async def _take(
+    args: argparse.Namespace, limiter: throttlekit.Limiter, hold: float
+) -> list[tuple[float, float]]:
+    """After ``ready`` and a line on stdin, ``--tasks`` tasks take permits for ``--duration`` s.
+
+    Each is held ``hold`` seconds and records a 200; returns ``[send, end]`` of each.
+    """
     async with limiter.acquire(scopes="warm-up"):
         pass
     print("ready", flush=True)
@@ -127,20 +153,19 @@ async def _rampup(args: argparse.Namespace) -> None:
         while time.time() < end:
             async with limiter.acquire(scopes="shared") as permit:
                 lease: Any = permit._lease
-                await anyio.sleep(0.01)
+                await anyio.sleep(hold)
                 permit.record(status=200)
                 records.append((lease.send_at_ms / 1000.0, time.time()))
 
     async with anyio.create_task_group() as group:
         for _ in range(args.tasks):
             group.start_soon(task)
-    await backend.aclose()
-    print(json.dumps(records), flush=True)
+    return records
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    modes = {"crawl": _crawl, "hold": _hold, "rampup": _rampup}
+    modes = {"crawl": _crawl, "hold": _hold, "rampup": _rampup, "bound": _bound}
     asyncio.run(modes[args.mode](args))
 
 

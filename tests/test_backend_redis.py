@@ -166,8 +166,9 @@ async def test_keys_share_a_hash_tag_and_all_expire(
     suffixes = {name.decode().rsplit(":", 1)[1] for name in names}
     assert {"S", "T", "Q", "C"} <= suffixes  # (T expires a second after the slot delay)
 
-    # A waiter sets the waiters flag: hold the only slot and wait behind it (in
-    # another task: an acquire nested in a permit of its own task shares it).
+    # A waiter puts its process in the scope's line of processes (W): hold the
+    # only slot and wait behind it (in another task: an acquire nested in a
+    # permit of its own task shares it); the release takes it out of the line.
     async def wait_behind() -> None:
         with anyio.move_on_after(0.05):
             async with limiter.acquire(scopes="example.com"):
@@ -175,13 +176,51 @@ async def test_keys_share_a_hash_tag_and_all_expire(
 
     async with limiter.acquire(scopes="example.com"), anyio.create_task_group() as tasks:
         tasks.start_soon(wait_behind)
+        await anyio.sleep(0.02)
+        lines = [key async for key in admin.scan_iter(match=f"{{{prefix}:*:W")]
+        assert len(lines) == 1
+        assert await admin.zcard(lines[0]) == 1
+        names += lines
     assert await admin.get("sentinel") == b"still here"
-    names += [key async for key in admin.scan_iter(match=f"{{{prefix}:*:W")]
-    assert any(name.endswith(b":W") for name in names)
     for name in names:
         ttl = await admin.pttl(name)
         assert ttl != -1, f"{name!r} has no expiry"  # (-2: expired meanwhile)
     await backend.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_waiter_told_to_wait_for_time_leaves_the_line_of_processes(
+    redis_server: RedisServer, admin: aioredis.Redis, prefix: str
+) -> None:
+    """A process told to wait for a slot stands in line; told to wait for time, it leaves.
+
+    A release wakes the first two processes in line: one whose waiter
+    sleeps until a delay's turn would take the wake-up and leave the slot
+    idle. Here the slot frees by its lease's expiry (no release, so nobody
+    takes the process out of the line), and the scope's delay is not due.
+    """
+    policy = fast(concurrency=1, delay=0.6)
+    holder = make_backend(redis_server, prefix, lease_time=0.15)
+    waiter = make_backend(redis_server, prefix)
+    holding = throttlekit.Limiter(default=policy, backend=holder)
+    waiting = throttlekit.Limiter(default=policy, backend=waiter)
+    line = holder.scope_keys("example.com")[-1]
+    assert line.endswith(":W")
+    in_line: list[int] = []
+
+    async def wait() -> None:
+        async with waiting.acquire(scopes="example.com"):
+            pass
+
+    async with anyio.create_task_group() as tasks, holding.acquire(scopes="example.com"):
+        tasks.start_soon(wait)
+        await anyio.sleep(0.05)  # full: in line
+        in_line.append(await admin.zcard(line))
+        await anyio.sleep(0.25)  # expired (0.15 s): the slot is free, the delay (0.6 s) not due
+        in_line.append(await admin.zcard(line))
+    assert in_line == [1, 0]
+    await holder.aclose()
+    await waiter.aclose()
 
 
 @pytest.mark.anyio
@@ -891,7 +930,8 @@ async def test_a_release_without_slot_delay_or_quota_reads_no_state(
     await backend.aclose()  # (confirms the last release)
     calls = {name: stats["calls"] for name, stats in (await admin.info("commandstats")).items()}
     assert calls["cmdstat_evalsha"] == 10
-    assert calls["cmdstat_zrem"] == 5  # the releases...
+    # The releases, and the grants taking the process out of the scope's line...
+    assert calls["cmdstat_zrem"] == 10
     assert calls["cmdstat_hmget"] == 5  # ...read no state: only the acquires do
     assert "cmdstat_hget" not in calls
     assert await admin.zcard(backend_keys(prefix, "s")[0]) == 0

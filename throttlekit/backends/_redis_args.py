@@ -10,6 +10,7 @@ policy's arguments.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
@@ -95,6 +96,7 @@ class CallArgs:
         "prefix",
         "release_base",
         "settings",
+        "token",
         "ttl",
     )
 
@@ -112,9 +114,13 @@ class CallArgs:
         #: The release channel (pub/sub).
         self.channel = f"{prefix}:released".encode()
         self.channel_arg = bulk(self.channel)
-        #: The acquire's four settings.
+        #: This backend's place in the lines of processes that wait for a
+        #: full scope (a release wakes the first in line only).
+        self.token = secrets.token_hex(8)
+        #: The acquire's five settings.
         self._settings_parts = [
-            bulk(ms(value)) for value in (lease_time, reserve_ahead, state_ttl, RELEASE_RECHECK)
+            *(bulk(ms(value)) for value in (lease_time, reserve_ahead, state_ttl, RELEASE_RECHECK)),
+            bulk(self.token.encode()),
         ]
         self.settings = b"".join(self._settings_parts)
         self._reserve_ahead = reserve_ahead

@@ -305,8 +305,8 @@ class ScriptCalls:
         encoded_keys[0] = bulk(b"%d" % len(keys))
         encoded_keys.append(bulk(tombstone))
         lease = RedisLease(lease_id, costs, packed, keys, b"".join(encoded_keys), gate)
-        # (number of keys, keys, clock, lease id, 4 settings, turn, at, 5 per scope)
-        count = 1 + len(keys) + 8 + 5 * len(packed)
+        # (number of keys, keys, clock, lease id, 5 settings, turn, at, 5 per scope)
+        count = 1 + len(keys) + 9 + 5 * len(packed)
         return lease, ACQUIRE.frame(count, [lease.encoded_keys, *args])
 
     def _granted(

@@ -233,7 +233,11 @@ class RedisBackend:
             seed=seed,
         )
         self._line = WaiterLine(
-            self._link, self._calls.channel.decode(), self._location, self.command_timeout
+            self._link,
+            self._calls.channel.decode(),
+            self._calls.encoded.token,
+            self._location,
+            self.command_timeout,
         )
         self._holdings = Holdings()
         self._closed = False

@@ -1,7 +1,8 @@
 -- Try to take a lease on every scope at once.
 --
 -- ARGV: clock, lease id, lease ms, reserve-ahead ms, state ttl ms, release
--- recheck ms, the turn this caller was given last (ms, 0 = none; a value
+-- recheck ms, the caller's process token (its place in a full scope's line
+-- of processes), the turn this caller was given last (ms, 0 = none; a value
 -- Redis handed out, not a client clock), the exact send time of a part of
 -- a request across cluster slots (``'+ms'`` from now, or ms; ``''`` = none:
 -- as soon as may be); then per scope: cost, a uniform
@@ -29,8 +30,9 @@
 --
 -- An uncontended grant makes eight Redis calls: TIME, the tombstone and
 -- retry checks, the state, the lease, the bookkeeping and two expiry checks
--- (an expiry is written only when it must move); a ninth counts the live
--- leases under a concurrency limit.
+-- (an expiry is written only when it must move); under a concurrency limit,
+-- a ninth counts the live leases and a tenth takes the caller out of the
+-- scope's line of processes.
 --
 -- (Runs after common.lua, in one script.)
 
@@ -39,10 +41,11 @@ local now_text = f(now)
 local lease_id = ARGV[2]
 local lease_ms, reserve = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl, recheck = tonumber(ARGV[5]), tonumber(ARGV[6])
-local myturn = tonumber(ARGV[7])
+local token = ARGV[7]
+local myturn = tonumber(ARGV[8])
 -- A part of a request across slots is granted at one time on every part:
 -- '+ms' from now (the first part), or that time (the others); '' = as soon as may be.
-local at = ARGV[8]
+local at = ARGV[9]
 local exact = nil
 if at ~= '' then
   if string.sub(at, 1, 1) == '+' then exact = now + tonumber(string.sub(at, 2))
@@ -50,7 +53,7 @@ if at ~= '' then
   -- (Past it already: the caller asks all the parts again.)
   if exact < now then return {0, '0', 1, 4, now_text} end
 end
-local n = (#ARGV - 8) / 5
+local n = (#ARGV - 9) / 5
 
 -- A call that its caller gave up on (cancelled while the request was on its
 -- way) and that arrives after the hand-back must not grant anything.
@@ -68,9 +71,9 @@ local reopens, cause, delay = now, 3, '0'
 local pacing = 0
 for i = 1, n do
   local k = (i - 1) * 6
-  local b = 9 + (i - 1) * 5
+  local b = 10 + (i - 1) * 5
   local s = {L = KEYS[k + 1], S = KEYS[k + 2], T = KEYS[k + 3], Q = KEYS[k + 4],
-             C = KEYS[k + 5], cost = tonumber(ARGV[b]), u = tonumber(ARGV[b + 1]),
+             C = KEYS[k + 5], W = KEYS[k + 6], cost = tonumber(ARGV[b]), u = tonumber(ARGV[b + 1]),
              want = ARGV[b + 3] == '1'}
   local extra = tonumber(ARGV[b + 2])
   local p = read_policy(ARGV[b + 4])
@@ -87,7 +90,10 @@ for i = 1, n do
       local first = redis.call('ZRANGE', s.L, 0, 0, 'WITHSCORES')
       local wait = 50
       if first[2] and s.inflight >= st.conc then wait = tonumber(first[2]) - now end
-      redis.call('SET', KEYS[k + 6], '1', 'PX', math.ceil(recheck) + 1000)
+      -- In the scope's line of processes (by when each first asked): a
+      -- release wakes the first of them only, not every process that waits.
+      redis.call('ZADD', s.W, 'NX', now_text, token)
+      redis.call('PEXPIRE', s.W, math.ceil(recheck) + 1000)
       return {0, f(wait), i, 1, now_text}
     end
   end
@@ -131,6 +137,11 @@ if ready - now > reserve then
   -- wakes `reserve` ms before its turn, so its next attempt can reserve it.
   -- A worker that comes for its turn and finds the send moved by less than a
   -- delay (someone before it was late) keeps its place.
+  -- Waiting for time, not for a slot: out of the scopes' lines of processes
+  -- (a wake-up for a slot would find no waiter to take it).
+  for i = 1, n do
+    if scopes[i].st.conc > 0 then redis.call('ZREM', scopes[i].W, token) end
+  end
   local s = scopes[blocker]
   local st = s.st
   local turn = ready
@@ -164,6 +175,7 @@ for i = 1, n do
   st.next = t + st.delay * st.factor
   if exact ~= nil then remember(s.S, lease_id, before, st.next) end
   if s.nslots > 0 and s.nslots >= st.conc - s.inflight then redis.call('ZPOPMIN', s.T) end
+  if st.conc > 0 then redis.call('ZREM', s.W, token) end  -- (served: out of the line)
   local next_text, factor_text = t_text, '1'
   if st.next ~= t then next_text = f(st.next) end
   if st.factor ~= 1 then factor_text = g(st.factor) end

@@ -20,7 +20,18 @@ local function drop_lease(L, lease_id, now, now_text)
   return removed, expiry ~= nil and expiry > now
 end
 
--- A release freed a slot: wake the scope's waiters, if some wait (flag `W`).
+-- A release freed a slot: wake the first WAKE processes in the scope's line
+-- of processes waiting for one (`W`), and them alone: ``"<name> <token>,..."``.
+-- Two, not one: a process that left the line unserved loses its wake-up
+-- (its waiters' next look finds the slot), and the first of two to ask gets
+-- the slot; the other asks in vain and joins the line again at its end.
+local WAKE = 2
 local function wake_waiters(removed, W, channel, name)
-  if removed == 1 and redis.call('EXISTS', W) == 1 then redis.call('PUBLISH', channel, name) end
+  if removed ~= 1 then return end
+  local first = redis.call('ZPOPMIN', W, WAKE)
+  if first[1] then
+    local tokens = first[1]
+    if first[3] then tokens = tokens .. ',' .. first[3] end
+    redis.call('PUBLISH', channel, name .. ' ' .. tokens)
+  end
 end
