@@ -46,7 +46,7 @@ from redis.crc import key_slot
 
 import throttlekit
 from throttlekit import AutoThrottle, BackendUnavailable, ScopePolicy
-from throttlekit.backends import _redis_args
+from throttlekit.backends import _redis_args, _redis_scripts
 from throttlekit.backends._redis_link import Wire, pack
 from throttlekit.backends.redis import RedisBackend
 
@@ -486,6 +486,52 @@ async def test_autothrottle_delay_is_shared(redis_server: RedisServer, prefix: s
     stats = await backend.scope_statistics(limiter, "slow")
     assert stats.delay == pytest.approx(0.3)
     await backend.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_success_frees_its_slot_before_its_feedback_meets_the_newer_state(
+    redis_server: RedisServer,
+    admin: aioredis.Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another process's feedback moved the state during a request: its release calls again.
+
+    A success without rate-limit headers frees the slot on the first call
+    (the waiters of other processes need not wait for the second round
+    trip); a refusal frees it only once its feedback is stored, so that no
+    grant comes between the refusal and what it tells.
+    """
+    replies: list[Any] = []
+    decode = _redis_scripts.decode_release
+
+    def spy(reply: Any) -> Any:
+        replies.append(decoded := decode(reply))
+        return decoded
+
+    monkeypatch.setattr(_redis_scripts, "decode_release", spy)
+    policy = fast(concurrency=2, delay=0.0, autothrottle=AutoThrottle(start_delay=0.1))
+    first, other = make_backend(redis_server, prefix), make_backend(redis_server, prefix)
+    mine = throttlekit.Limiter(default=policy, backend=first, seed=1)
+    theirs = throttlekit.Limiter(default=policy, backend=other, seed=2)
+    leases = first.scope_keys("site")[0]
+    for status, latency, freed_at_once in ((200, 0.2, 1), (429, 0.3, None)):
+        replies.clear()
+        async with mine.acquire(scopes="site") as permit:
+            async with theirs.acquire(scopes="site") as elsewhere:
+                elsewhere.record(status=200, latency=latency)  # (a newer state when it ends)
+            permit.record(status=status, latency=latency)
+        stale, released = replies[-2:]
+        assert isinstance(stale, _redis_scripts.Stale)
+        assert stale.found == freed_at_once
+        assert isinstance(released, _redis_scripts.Released)
+        assert await admin.zcard(leases) == 0
+        if status == 200:  # (its write stood on the second call)
+            assert (await first.scope_statistics(mine, "site")).delay == pytest.approx(latency)
+    assert "expired" not in caplog.text  # (the first call found the lease)
+    await first.aclose()
+    await other.aclose()
 
 
 # -- waiting, cancellation, timeouts ---------------------------------------------------

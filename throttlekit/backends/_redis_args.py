@@ -38,6 +38,7 @@ __all__ = [
     "SYNC",
     "UNUSED",
     "USED",
+    "USED_EARLY",
     "WANTED",
     "WRITE_TRIES",
     "ZERO",
@@ -54,6 +55,8 @@ WRITE_TRIES: Final = 8
 ZERO: Final = b"0"
 ONE: Final = bulk(b"1.0")
 USED: Final = bulk(b"1")
+#: Sent, and its feedback announces no limit: the slot may be freed before the write stands.
+USED_EARLY: Final = bulk(b"2")
 UNUSED: Final = bulk(b"0")
 NOT_WANTED: Final = bulk(b"0")
 WANTED: Final = bulk(b"1")

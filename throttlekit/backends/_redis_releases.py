@@ -20,6 +20,7 @@ import attrs
 
 from .._clock import now as _now
 from .._controller import held_decisions, tell_decisions
+from ..headers import RateLimitInfo
 from . import _redis_scripts as scripts
 from ._redis_args import (
     AS_DECLARED,
@@ -33,6 +34,7 @@ from ._redis_args import (
     SUFFIXES,
     UNUSED,
     USED,
+    USED_EARLY,
     WRITE_TRIES,
     ms,
 )
@@ -52,9 +54,24 @@ logger = logging.getLogger("throttlekit.backends.redis")
 #: What :meth:`Releases._send` returns when the feedback was dropped.
 _DROPPED: Final = object()
 
+#: What the headers of a response without rate-limit headers say.
+_NO_HEADERS: Final = RateLimitInfo()
+
 #: A release waits for its reply when its lease may lapse within this many
 #: seconds (plus a tenth of ``lease_time``): the reply then says whether it had.
 _SURE: Final = 1.0
+
+
+def _announces_nothing(feedback: Feedback | None) -> bool:
+    """Whether ``feedback`` is a success that announces no limit (no rate-limit headers).
+
+    Its controllers' write may then land after the slot is free: nothing in
+    it may stop the next grant (a refusal's or a stated quota's may).
+    """
+    if feedback is None or feedback.status is None or feedback.exception is not None:
+        return False
+    info = feedback.rate_limit
+    return 200 <= feedback.status < 400 and (info is None or info == _NO_HEADERS)
 
 
 class _Pending:
@@ -115,14 +132,18 @@ class Releases:
                     return
                 raise TimeoutError("Redis did not take back an abandoned grant")
 
-    def _head(self, lease: RedisLease, used: bool) -> list[bytes]:
-        """A release's arguments before the scopes': its keys, clock, lease id, send time, used."""
+    def _head(self, lease: RedisLease, used: bool, *, early: bool = False) -> list[bytes]:
+        """A release's arguments before the scopes': its keys, clock, lease id, send time, used.
+
+        ``early``: the slot may be freed before the controllers' writes
+        stand (the feedback announces no limit: see the script).
+        """
         return [
             lease.encoded_keys,
             bulk(self.calls.now_arg()),
             bulk(lease.id),
             bulk_of(lease.send_at_ms),
-            USED if used else UNUSED,
+            USED_EARLY if early else USED if used else UNUSED,
             self.args.release_base,
         ]
 
@@ -222,8 +243,9 @@ class Releases:
         later: Settle | None = None
         if not quiet and not pending.wanted and not self._lapses_soon(lease, now):
             later = partial(self._settled, lease)
+        head = self._head(lease, used, early=used and _announces_nothing(feedback))
         try:
-            released = await self._send(lease, pending, feedback, used, deadline, later)
+            released = await self._send(lease, pending, feedback, head, used, deadline, later)
             if released is _DROPPED:  # (the lease is still held: hand it back without it)
                 released = await self._without_feedback(lease, used, consumed, deadline, later)
         except ERRORS.unavailable as exc:
@@ -270,6 +292,7 @@ class Releases:
         lease: RedisLease,
         pending: _Pending,
         feedback: Feedback | None,
+        head: list[bytes],
         used: bool,
         deadline: float,
         later: Settle | None,
@@ -284,7 +307,7 @@ class Releases:
         # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
         count = 1 + len(lease.keys) + 6 + 8 * len(names)
         plain = self._plain(lease) if used and not pending.wanted else None
-        head = self._head(lease, used)
+        freed: scripts.Released | None = None  # released before the writes stood
         for _ in range(WRITE_TRIES):
             script, command = PLAIN_RELEASE, plain
             if command is None:
@@ -300,8 +323,10 @@ class Releases:
             if type(decoded) is scripts.Released:
                 for index in sorted(pending.told):
                     tell_decisions(pending.told[index])
-                return decoded
+                return freed or decoded
             assert type(decoded) is scripts.Stale
+            if decoded.found is not None and freed is None:
+                freed = scripts.Released(decoded.now_ms, decoded.found)
             if pending.feedback_at is None:
                 pending.feedback_at = decoded.now_ms / 1000.0  # the first reading
             assert feedback is not None
@@ -317,7 +342,7 @@ class Releases:
             names,
             WRITE_TRIES,
         )
-        return _DROPPED
+        return freed or _DROPPED
 
     async def _without_feedback(
         self,

@@ -176,10 +176,15 @@ class Released(NamedTuple):
 
 
 class Stale(NamedTuple):
-    """``RELEASE`` released nothing: run the controllers on ``states`` and call again."""
+    """``RELEASE`` stored no write: run the controllers on ``states`` and call again.
+
+    ``found`` is ``None`` when it released nothing either; else it released
+    the lease (a feedback that announces no limit), as :class:`Released` says.
+    """
 
     now_ms: float
     states: Sequence[Any]
+    found: int | None = None
 
 
 def decode_released(reply: Any) -> Released:
@@ -192,6 +197,8 @@ def decode_release(reply: Any) -> Released | Stale:
     """The reply of :data:`RELEASE`."""
     if type(reply) is bytes:
         return decode_released(reply)
+    if reply[0] == 2:  # (released at once: see the script)
+        return Stale(float(reply[1]), reply[3:], int(reply[2]))
     return Stale(float(reply[1]), reply[2:])
 
 

@@ -1,7 +1,8 @@
 -- Hand a lease back, after storing what the controllers made of its feedback.
 --
 -- ARGV: clock, lease id, send time ms, used (1 = sent, 0 = never sent: refund
--- its quota), channel, state ttl ms; then per scope: scope name, consumed
+-- its quota, 2 = sent, and its feedback announces no limit: see below),
+-- channel, state ttl ms; then per scope: scope name, consumed
 -- cost (-1 = as declared), want (0 = no feedback for this scope, 1 = feedback:
 -- its controllers must run if it has stored state, 2 = they must run), the
 -- packed policy ('' when want is 0 and it has no slot delay or quota), the
@@ -18,12 +19,22 @@
 -- is the string ``"1,now_ms,found"``, ``found`` the number of scopes where
 -- the lease was still valid (fewer than the scopes: it had expired).
 --
+-- A feedback that announces no limit (used = 2: a success without rate-limit
+-- headers) need not be stored before the slot is free: where writes moved,
+-- the lease is released at once and the reply is ``{2, now_ms, found,
+-- <controller states>...}``; the call again stores the writes (a release of
+-- a lease already released changes nothing else). With three processes
+-- sharing a scope, another's feedback moves the state during almost every
+-- request, and the slot stayed held for the second round trip.
+--
 -- (Runs after common.lua, in one script.)
 
 local now = clock()
 local lease_id = ARGV[2]
 local sent = tonumber(ARGV[3])
 local used = tonumber(ARGV[4])
+local early = used == 2
+if early then used = 1 end
 local channel = ARGV[5]
 local ttl = tonumber(ARGV[6])
 local n = (#ARGV - 6) / 8
@@ -62,14 +73,15 @@ for i = 1, n do
   end
   scopes[i] = s
 end
-if #pending > 1 then return {0, unpack(pending)} end
+local moved = #pending > 1
+if moved and not early then return {0, unpack(pending)} end
 
 local found = 0
 local now_text = pending[1]
 for i = 1, n do
   local s = scopes[i]
   local st = s.st
-  if s.ver ~= '' then write_state(s.S, st, s.limits, s.ctl, now, ttl) end
+  if s.ver ~= '' and not moved then write_state(s.S, st, s.limits, s.ctl, now, ttl) end
   local removed, valid = drop_lease(s.L, lease_id, now, now_text)
   if valid then found = found + 1 end
   if used == 0 and removed == 1 then undo(s.S, lease_id, sent) end
@@ -101,4 +113,5 @@ if used == 0 and found == 0 then
   -- its way, it must not grant (see ACQUIRE).
   redis.call('SET', KEYS[#KEYS], '1', 'PX', 60000)
 end
+if moved then return {2, now_text, found, unpack(pending, 2)} end
 return '1,' .. now_text .. ',' .. found
