@@ -55,7 +55,7 @@ def _timeout(costs: Mapping[str, float]) -> ThrottleTimeout:
 class Waiter:
     """One acquire() waiting in this process."""
 
-    __slots__ = ("asking", "event", "priority", "queue", "seq", "turn", "woken")
+    __slots__ = ("asking", "event", "priority", "queue", "seq", "turn", "woken", "woken_asking")
 
     def __init__(self, priority: int, seq: int) -> None:
         self.priority = priority
@@ -64,6 +64,7 @@ class Waiter:
         self.event: anyio.Event | None = None  # made when it sleeps
         self.woken = False
         self.asking = False  # whether its call to Redis is under way
+        self.woken_asking = False  # whether a release woke it meanwhile
         self.turn: bytes | float = 0.0  # the last turn Redis gave it (Redis clock, ms; 0 = none)
 
     def __repr__(self) -> str:
@@ -90,7 +91,6 @@ class WaiterLine:
         self._ties = itertools.count()
         self._queues: dict[str, list[tuple[int, int, int, Waiter]]] = {}
         self._release_waiters: dict[Waiter, None] = {}
-        self._woken: set[str] = set()  # scopes woken while their first waiter was asking
         self._listener: Waiter | None = None
         self._pubsub: Any = None
         self._pubsub_denied = False
@@ -139,7 +139,7 @@ class WaiterLine:
                     # would hand each a turn, one delay after the other, and turns
                     # served early would leave the scope idle for the next to ask).
                     self.join(waiter, next(iter(costs)))
-                waiter.asking = True
+                waiter.asking, waiter.woken_asking = True, False
                 try:
                     result = await attempt(waiter.turn)
                 finally:
@@ -149,8 +149,8 @@ class WaiterLine:
                 index, wait, full, waiter.turn = result
                 scope = list(costs)[index]
                 self.join(waiter, scope)
-                if self.top(scope) is not waiter:
-                    continue
+                if self.top(scope) is not waiter or (full and waiter.woken_asking):
+                    continue  # (behind another, or a release came during the call)
                 if full and self._pubsub is None and not self._pubsub_denied:
                     try:
                         await self.subscribe(deadline)
@@ -187,7 +187,6 @@ class WaiterLine:
             heapq.heappop(heap)
         if heap is not None:
             del self._queues[scope]
-            self._woken.discard(scope)
         return None
 
     def blocker(self, costs: Mapping[str, float], waiter: Waiter) -> str | None:
@@ -238,9 +237,6 @@ class WaiterLine:
         """First in line: sleep until ``deadline`` or (``on_release``) a release of its scope."""
         waiter.woken = False
         if on_release:
-            if waiter.queue in self._woken:  # (woken while it asked: look again)
-                self._woken.discard(waiter.queue)
-                return
             self._release_waiters[waiter] = None
         try:
             while not waiter.woken:
@@ -339,7 +335,7 @@ class WaiterLine:
         if top is None:
             return  # (left unserved: lost, see the module)
         if top.asking:
-            self._woken.add(scope)  # (it looks again if Redis tells it to wait for a release)
+            top.woken_asking = True  # (it looks again if Redis tells it to wait for a release)
         else:
             self._wake(top)
 
