@@ -72,6 +72,9 @@ class RedisBackendStatistics:
     :param local_grants: grants made by the local ledgers while Redis was down.
     :param waiting: acquire() calls waiting now.
     :param available: whether the last contact with Redis worked.
+    :param feedback_kept: feedback kept now for the next release to store
+        (its writes met other processes' newer state on every try).
+    :param feedback_dropped: feedback dropped, kept too long to store.
     """
 
     acquire_calls: int
@@ -81,6 +84,8 @@ class RedisBackendStatistics:
     waiting: int
     available: bool
     sync_calls: int = 0
+    feedback_kept: int = 0
+    feedback_dropped: int = 0
 
 
 class ScriptCalls:
@@ -145,6 +150,8 @@ class ScriptCalls:
             local_grants=local_grants,
             waiting=waiting,
             available=not self.link.down,
+            feedback_kept=len(self.releases.kept),
+            feedback_dropped=self.releases.kept.dropped,
         )
 
     # -- arguments -----------------------------------------------------------------

@@ -255,15 +255,23 @@ def send_write(scope: str, args: PolicyArgs, stored: StoredState, now: float) ->
 
 
 def feedback_write(
-    scope: str, args: PolicyArgs, stored: StoredState, feedback: Feedback, now: float
+    scope: str,
+    args: PolicyArgs,
+    stored: StoredState,
+    feedbacks: Sequence[tuple[Feedback, float]],
 ) -> Write:
-    """Run the controllers' ``on_feedback`` (adding backoff on its first signal)."""
+    """Run the controllers' ``on_feedback`` on each ``(feedback, time)`` in turn.
+
+    (Adding backoff on its first signal.) Several: feedback a process kept
+    while other processes' writes moved the state (see ``Releases``).
+    """
     controllers = restore(args.policy, stored.states)
     before = _encode(controllers) if stored.states else stored.states
-    controllers = with_feedback_controllers(args.policy, controllers, feedback)
     view = _snapshot(scope, args.policy, stored)
-    for controller in controllers:
-        controller.on_feedback(view, feedback, now)
+    for feedback, now in feedbacks:
+        controllers = with_feedback_controllers(args.policy, controllers, feedback)
+        for controller in controllers:
+            controller.on_feedback(view, feedback, now)
     return _write(args, stored, controllers, before)
 
 
