@@ -727,11 +727,16 @@ async def test_feedback_of_many_writers_is_kept_not_dropped(
     stats = [backend.statistics() for backend in backends]
     kept = sum(each.feedback_kept for each in stats)
     assert sum(each.feedback_dropped for each in stats) == 0
-    stored = await admin.hget(backend_keys(prefix, "busy")[1], "ctl")
-    (heard,) = [state["heard"] for _, state in json.loads(stored)]
-    assert heard + kept == len(backends) * tasks * rounds, (heard, kept)
+    state_key = backend_keys(prefix, "busy")[1]
+
+    async def heard() -> int:
+        (count,) = [state["heard"] for _, state in json.loads(await admin.hget(state_key, "ctl"))]
+        return int(count)
+
+    assert await heard() + kept == len(backends) * tasks * rounds, (await heard(), kept)
     for backend in backends:
-        await backend.aclose()
+        await backend.aclose()  # (stores what it kept)
+    assert await heard() == len(backends) * tasks * rounds
 
 
 @pytest.mark.anyio

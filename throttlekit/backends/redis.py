@@ -433,12 +433,17 @@ class RedisBackend:
     async def aclose(self) -> None:
         """Drop the pub/sub connection and close the client if this backend made it.
 
-        Releases sent without waiting for their replies are confirmed first
-        (for at most ``release_timeout``).
+        Releases sent without waiting for their replies are confirmed first,
+        and feedback kept for a busy scope's next write is stored (for at
+        most ``release_timeout``).
         """
         self._closed = True
         await self._line.drop_pubsub()
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
+            try:
+                await self._calls.releases.store_kept(_now() + self.release_timeout)
+            except Exception as exc:  # (what a busy scope's controllers did not hear)
+                logger.debug("kept feedback could not be stored on closing: %r", exc)
             try:
                 await self._link.settle()
             except Exception as exc:  # the leases lapse after lease_time
