@@ -91,7 +91,7 @@ for i = 1, n do
       local wait = 50
       if first[2] and s.inflight >= st.conc then wait = tonumber(first[2]) - now end
       -- In the scope's line of processes (by when each first asked): a
-      -- release wakes the first of them only, not every process that waits.
+      -- release wakes the first two of them, not every process that waits.
       redis.call('ZADD', s.W, 'NX', now_text, token)
       redis.call('PEXPIRE', s.W, math.ceil(recheck) + 1000)
       return {0, f(wait), i, 1, now_text}
@@ -131,17 +131,17 @@ end
 -- before the reserved ones (the delay); at most `reserve` / delay of them wait.
 if exact ~= nil then reserve = exact - now end
 if ready - now > reserve then
+  -- Waiting for time, not for a slot: out of the scopes' lines of processes
+  -- (a wake-up for a slot would find no waiter to take it).
+  for i = 1, n do
+    if scopes[i].st.conc > 0 then redis.call('ZREM', scopes[i].W, token) end
+  end
   -- Not yet. Hand out turns one delay apart, so that the workers waiting on
   -- this scope wake one after the other instead of all at once (a hint, not a
   -- reservation: whoever asks first when a send is due gets it). A worker
   -- wakes `reserve` ms before its turn, so its next attempt can reserve it.
   -- A worker that comes for its turn and finds the send moved by less than a
   -- delay (someone before it was late) keeps its place.
-  -- Waiting for time, not for a slot: out of the scopes' lines of processes
-  -- (a wake-up for a slot would find no waiter to take it).
-  for i = 1, n do
-    if scopes[i].st.conc > 0 then redis.call('ZREM', scopes[i].W, token) end
-  end
   local s = scopes[blocker]
   local st = s.st
   local turn = ready
