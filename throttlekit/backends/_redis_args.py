@@ -49,7 +49,7 @@ __all__ = [
 INF: Final = math.inf
 #: The keys of a scope, by suffix: leases, state, slots, quota log, quota costs, waiters.
 SUFFIXES: Final = ("L", "S", "T", "Q", "C", "W")
-#: Tries of a version-checked write before the feedback is dropped (a busy scope).
+#: Tries of a version-checked write before the feedback is kept for the next (a busy scope).
 WRITE_TRIES: Final = 8
 
 ZERO: Final = b"0"
@@ -118,7 +118,7 @@ class CallArgs:
         self.channel = f"{prefix}:released".encode()
         self.channel_arg = bulk(self.channel)
         #: This backend's place in the lines of processes that wait for a
-        #: full scope (a release wakes the first in line only).
+        #: full scope (a release wakes the first two in line).
         self.token = secrets.token_hex(8)
         #: The acquire's five settings.
         self._settings_parts = [

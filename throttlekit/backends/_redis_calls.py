@@ -73,7 +73,8 @@ class RedisBackendStatistics:
     :param waiting: acquire() calls waiting now.
     :param available: whether the last contact with Redis worked.
     :param feedback_kept: feedback kept now for the next release to store
-        (its writes met other processes' newer state on every try).
+        (another release of this process was writing its scope, or its
+        write kept meeting other processes' newer state).
     :param feedback_dropped: feedback dropped, kept too long to store.
     """
 

@@ -56,6 +56,17 @@ class KeptFeedback:
     def take(self, scope: str) -> list[tuple[Feedback, float]]:
         return self._kept.pop(scope, [])
 
+    def newest(self) -> tuple[str, RedisLease, Feedback] | None:
+        """Of a scope with feedback kept: its name, the lease that kept it last, its newest
+        feedback (taken: the older stay kept), or ``None``; the lease is forgotten."""
+        while self.leases:
+            scope, lease = self.leases.popitem()
+            kept = self._kept.get(scope)
+            if kept:
+                feedback, _ = kept.pop()
+                return scope, lease, feedback
+        return None
+
     def add(self, scope: str, lease: RedisLease, feedback: Feedback, at: float) -> None:
         """Keep ``feedback`` (of ``lease``), newer than what is kept."""
         self.leases[scope] = lease

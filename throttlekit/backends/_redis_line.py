@@ -38,7 +38,7 @@ Lease = TypeVar("Lease")
 logger = logging.getLogger("throttlekit.backends.redis")
 
 #: Longest wait for a release before looking again (a safety net: releases
-#: normally wake the first process in line through pub/sub at once; a
+#: normally wake the first two processes in line through pub/sub at once; a
 #: wake-up meant for a process that left unserved is lost, and the slot
 #: waits this long at most).
 RELEASE_RECHECK: Final = 1.0

@@ -52,8 +52,9 @@ __all__ = ["Releases"]
 
 logger = logging.getLogger("throttlekit.backends.redis")
 
-#: What :meth:`Releases._send` returns when the feedback was not stored.
-_DROPPED: Final = object()
+#: What :meth:`Releases._send` returns when the feedback was not stored and
+#: the lease is still held.
+_NOT_STORED: Final = object()
 
 #: Tries after which a success's write that keeps meeting a newer state is
 #: kept for this process's next release of the scope (its slot is free by
@@ -264,7 +265,7 @@ class Releases:
             later = partial(self._settled, lease)
         try:
             released = await self._send(lease, pending, feedback, head, used, deadline, later)
-            if released is _DROPPED:  # (the lease is still held: hand it back without it)
+            if released is _NOT_STORED:  # (the lease is still held: hand it back without it)
                 released = await self._without_feedback(lease, used, consumed, deadline, later)
         except ERRORS.unavailable as exc:
             if not quiet:
@@ -301,24 +302,38 @@ class Releases:
             if used and feedback is not None and (only is None or scope in only):
                 if early and scope in self.kept.writing:
                     self.kept.add(scope, lease, feedback, self._redis_now(lease))
-                    pending.fixed.append(self._scope(scope, policy_args, want, consumed))
-                    continue
-                self.kept.writing.add(scope)
-                pending.earlier[index] = earlier = self.kept.take(scope)
-                wants = max(policy_args.wants(each) for each, _ in [*earlier, (feedback, 0)])
-                want = bulk_of(str(wants))
-                pending.wanted = True
-                stored = lease.stored.get(index) if lease.stored else None
-                if stored is not None:
-                    if pending.feedback_at is None:
-                        pending.feedback_at = self._redis_now(lease)
-                    batch = pending.batch(index, feedback)
-                    with held_decisions() as pending.told[index]:
-                        write = feedback_write(scope, policy_args, stored, batch)
-                    writes = (*write, b"%d" % stored.in_flight)
-                    pending.writes[index] = b"".join(map(bulk_of, writes))
+                else:
+                    want = self._wanted(pending, lease, index, scope, policy_args, feedback)
             pending.fixed.append(self._scope(scope, policy_args, want, consumed))
         return pending
+
+    def _wanted(
+        self,
+        pending: _Pending,
+        lease: RedisLease,
+        index: int,
+        scope: str,
+        policy_args: PolicyArgs,
+        feedback: Feedback,
+    ) -> bytes:
+        """Scope ``index`` writes ``feedback`` and what this process kept: its ``want``.
+
+        The write is made now where the grant brought the scope's state.
+        """
+        self.kept.writing.add(scope)
+        pending.earlier[index] = earlier = self.kept.take(scope)
+        pending.wanted = True
+        stored = lease.stored.get(index) if lease.stored else None
+        if stored is not None:
+            if pending.feedback_at is None:
+                pending.feedback_at = self._redis_now(lease)
+            batch = pending.batch(index, feedback)
+            with held_decisions() as pending.told[index]:
+                write = feedback_write(scope, policy_args, stored, batch)
+            writes = (*write, b"%d" % stored.in_flight)
+            pending.writes[index] = b"".join(map(bulk_of, writes))
+        wants = max(policy_args.wants(each) for each in [*(f for f, _ in earlier), feedback])
+        return bulk_of(str(wants))
 
     async def _send(
         self,
@@ -333,7 +348,7 @@ class Releases:
         """Send the release until the controllers' writes stand (or the tries run out).
 
         Returns what it released (:class:`~._redis_scripts.Released`), None
-        when it was sent without waiting, or :data:`_DROPPED` when the
+        when it was sent without waiting, or :data:`_NOT_STORED` when the
         feedback met a newer state on every try (nothing released yet). Feedback
         not stored is kept for the next release (:class:`KeptFeedback`): once
         the slot is free, after :data:`KEEP_AFTER` tries.
@@ -376,7 +391,7 @@ class Releases:
         assert feedback is not None
         for index in pending.earlier:
             self.kept.put_back(names[index], lease, pending.batch(index, feedback))
-        return freed or _DROPPED
+        return freed or _NOT_STORED
 
     async def store_kept(self, deadline: float) -> None:
         """Store the feedback kept (at close: else it is lost), each scope in one write.
@@ -388,14 +403,9 @@ class Releases:
 
         :raises: what a call to Redis raises.
         """
-        while self.kept.leases and _now() < deadline:
-            scope, lease = self.kept.leases.popitem()
-            kept = self.kept.take(scope)
-            if not kept:
-                continue
-            feedback = attrs.evolve(kept[-1][0], scopes=frozenset({scope}))
-            self.kept.put_back(scope, lease, kept[:-1])  # (taken again as the earlier ones)
-            del self.kept.leases[scope]
+        while _now() < deadline and (newest := self.kept.newest()) is not None:
+            scope, lease, feedback = newest
+            feedback = attrs.evolve(feedback, scopes=frozenset({scope}))
             head = self._head(lease, True)
             pending = self._prepare(lease, feedback, None, True, False)
             try:
