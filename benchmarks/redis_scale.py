@@ -369,6 +369,7 @@ def _run(servers: Servers, processes: int, mode: str, duration: float) -> dict[s
         sends = sorted(send for _, send, _ in records)
         half = sends[0] + (sends[-1] - sends[0]) / 2
         result["second_half_per_s"] = sum(1 for send in sends if send >= half) / (sends[-1] - half)
+        result["half_rate_at_s"] = _reached(sends, result["second_half_per_s"] / 2)
         result["concurrency"] = ADAPTIVE_CONCURRENCY
         result["release_calls_per_grant"] = sum(o["release_calls"] for o in outputs) / grants
         result["feedback_lost_share"] = sum(o["feedback_lost"] for o in outputs) / grants
@@ -581,7 +582,8 @@ def _tables(measured: dict[str, Any]) -> list[Any]:
     adaptive = Table(
         f"one scope with Adaptive (concurrency {ADAPTIVE_CONCURRENCY}, each request held "
         f"{HOLD * 1000:g} ms, every answer a 200)",
-        ["deployment", "processes", "grants/s, second half", "feedback not stored",
+        ["deployment", "processes", "grants/s, second half", "half that rate reached after",
+         "feedback not stored",
          "release calls per grant", "client CPU per grant (us)", "Redis CPU per grant (us)"],
     )  # fmt: skip
     rows = {
@@ -660,11 +662,24 @@ def _bound_row(entry: dict[str, Any]) -> list[Any]:
     ]
 
 
+def _reached(sends: list[float], rate: float) -> float | None:
+    """Seconds from the first send until a second of ``sends`` first held ``rate`` of them."""
+    first = 0
+    for last, send in enumerate(sends):
+        while sends[first] < send - 1.0:
+            first += 1
+        if last - first + 1 >= rate:
+            return send - sends[0]
+    return None
+
+
 def _adaptive_row(entry: dict[str, Any]) -> list[Any]:
+    reached = entry.get("half_rate_at_s")
     return [
         entry["deployment"],
         entry["processes"],
         round(entry["second_half_per_s"]),
+        "never" if reached is None else f"{reached:.1f} s",
         f"{entry['feedback_lost_share']:.1%}",
         round(entry["release_calls_per_grant"], 2),
         round(entry["client_cpu_us_per_grant"]),

@@ -390,9 +390,9 @@ class ScriptCalls:
                     writes[stored.index] = write
             if not writes:
                 return
-            args: list[Any] = [self.now_arg(), self.encoded.ttl]
+            args: list[Any] = [self.now_arg(), self.encoded.ttl, self.channel]
             for index, policy in enumerate(policies):
-                args += (policy.wire, *writes.get(index, ("", "", "")))
+                args += (names[index], policy.wire, *writes.get(index, ("", "", "")))
             self.sync_calls += 1
             try:
                 reply = await self.call(SYNC, lease.keys, args, deadline)

@@ -35,3 +35,9 @@ local function wake_waiters(removed, W, channel, name)
     redis.call('PUBLISH', channel, name .. ' ' .. tokens)
   end
 end
+
+-- A write cut the scope's delay and the turns handed out (cut_turns): every
+-- process's first waiter on it asks again.
+local function wake_everyone(channel, name)
+  redis.call('PUBLISH', channel, name .. ' *')
+end

@@ -65,13 +65,36 @@ local function controller_state(i, key, st, inflight)
   return {i, inflight, st.ver, ctl, delay_text(st), st.conc, st.fp}
 end
 
+-- A delay that shortens reaches the processes already waiting late: each
+-- sleeps to a turn handed out one old delay after the one before. Where that
+-- would leave a send unused (turns handed out up to `st.turn`, k = that span
+-- / old delay of them, each k (old - new) / new sends late in all), the
+-- turns start again: the caller publishes "<scope> *", and every process's
+-- first waiter asks again, for a turn at the new delay. Not for a cut of
+-- less than CUT_LEAST of the delay: AutoThrottle moves its delay a little
+-- on every answer, and each waiting process would ask again every time
+-- (the turns at the old delay soon run out anyway).
+local CUT_LEAST = 0.25
+local function cut_turns(key, st, old, now)
+  local from = math.max(now, st.next or now)
+  if st.turn <= from or old - st.delay < CUT_LEAST * old
+      or (st.turn - from) * (old - st.delay) < old * st.delay then
+    return false
+  end
+  st.turn = 0
+  redis.call('HSET', key, 'turn', '0')
+  return true
+end
+
 -- Store what the controllers produced (limits in seconds: fp, delay, conc,
 -- blk, jl, jh, due). A new delay applies from the last send, with the jitter
 -- drawn then. Empty limits: only the version was checked, nothing changes.
+-- Returns whether the waiters' turns must be handed out again (cut_turns).
 local function write_state(key, st, limits, ctl, now, ttl)
-  if limits == '' then return end
+  if limits == '' then return false end
   local v = split(limits)
   local delay = tonumber(v[2]) * 1000
+  local old = st.delay
   if st.next ~= nil and delay ~= st.delay then
     st.next = st.next + (delay - st.delay) * st.factor
     redis.call('HSET', key, 'next', f(st.next))
@@ -81,6 +104,7 @@ local function write_state(key, st, limits, ctl, now, ttl)
   redis.call('HSET', key, 'ver', st.ver, 'ctl', ctl, 'fp', v[1], 'delay', v[2], 'conc', v[3],
              'blk', v[4], 'jl', v[5], 'jh', v[6], 'due', v[7])
   keep_state(key, st, now, ttl)
+  return delay < old and cut_turns(key, st, old, now)
 end
 
 -- The key expires with its last lease (renewals: they may shorten its expiry).

@@ -81,7 +81,9 @@ local now_text = pending[1]
 for i = 1, n do
   local s = scopes[i]
   local st = s.st
-  if s.ver ~= '' and not moved then write_state(s.S, st, s.limits, s.ctl, now, ttl) end
+  if s.ver ~= '' and not moved and write_state(s.S, st, s.limits, s.ctl, now, ttl) then
+    wake_everyone(channel, s.name)
+  end
   local removed, valid = drop_lease(s.L, lease_id, now, now_text)
   if valid then found = found + 1 end
   if used == 0 and removed == 1 then undo(s.S, lease_id, sent) end
