@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from . import _redis_scripts as scripts
 from ._redis_line import RELEASE_RECHECK
-from ._redis_link import Script, bulk
+from ._redis_link import Script, bulk, bulk_of
 from ._redis_state import PolicyArgs
 
 if TYPE_CHECKING:
     from .._policy import ScopePolicy
+    from ._redis_leases import RedisLease
 
 __all__ = [
     "ACQUIRE",
@@ -176,3 +177,55 @@ class CallArgs:
             encoded = b"".join(map(bulk, keys))
             cached = self._keys[scope] = (keys, encoded, bulk(scope.encode()))
         return cached
+
+    # -- releases ----------------------------------------------------------------------
+
+    def release(self, lease: RedisLease, clock: bytes, used: bytes, scopes: list[bytes]) -> bytes:
+        """The :data:`RELEASE` of ``lease``: ``used`` (:data:`USED`, :data:`USED_EARLY`
+        or :data:`UNUSED`), and per scope :meth:`release_scope` and its write."""
+        head = [lease.encoded_keys, bulk(clock), bulk(lease.id), bulk_of(lease.send_at_ms)]
+        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
+        count = 1 + len(lease.keys) + 6 + 8 * len(lease.scopes)
+        return RELEASE.frame(count, [*head, used, self.release_base, *scopes])
+
+    def release_scope(
+        self,
+        scope: str,
+        policy_args: PolicyArgs,
+        want: bytes,
+        consumed: Mapping[str, float] | None,
+    ) -> bytes:
+        """A scope's arguments of a release but the controllers' write."""
+        amount = AS_DECLARED
+        if consumed is not None and scope in consumed:
+            amount = bulk_of(max(0.0, float(consumed[scope])))
+        policy = policy_args.encoded
+        if want is NOT_WANTED and not policy_args.booked:
+            policy = NO_POLICY  # (the script has nothing to read it for)
+        return self.scope(scope)[2] + amount + want + policy
+
+    def unwanted_release(
+        self, lease: RedisLease, clock: bytes, used: bytes, consumed: Mapping[str, float] | None
+    ) -> bytes:
+        """The :data:`RELEASE` of ``lease`` without feedback."""
+        scopes = [
+            self.release_scope(scope, policy_args, NOT_WANTED, consumed) + NO_WRITE
+            for scope, policy_args in zip(lease.scopes, lease.policies, strict=True)
+        ]
+        return self.release(lease, clock, used, scopes)
+
+    def plain_release(self, lease: RedisLease, clock: bytes) -> bytes | None:
+        """The :data:`PLAIN_RELEASE` of a sent ``lease`` without feedback, if it applies.
+
+        It does when no scope has a slot delay or quota (whose books a release
+        keeps); ``None`` otherwise.
+        """
+        names = []
+        for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
+            if policy_args.booked:
+                return None
+            names.append(self.scope(scope)[2])
+        # (number of keys, keys, clock, lease id, channel, a name per scope)
+        count = 1 + len(lease.keys) + 3 + len(names)
+        head = [lease.encoded_keys, bulk(clock), bulk(lease.id), self.channel_arg]
+        return PLAIN_RELEASE.frame(count, [*head, *names])

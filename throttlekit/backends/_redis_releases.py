@@ -23,9 +23,7 @@ from .._controller import held_decisions, tell_decisions
 from ..headers import RateLimitInfo
 from . import _redis_scripts as scripts
 from ._redis_args import (
-    AS_DECLARED,
     INF,
-    NO_POLICY,
     NO_WRITE,
     NOT_WANTED,
     PLAIN_RELEASE,
@@ -41,7 +39,7 @@ from ._redis_args import (
 from ._redis_clients import ERRORS
 from ._redis_kept import KeptFeedback
 from ._redis_leases import RedisLease
-from ._redis_link import Settle, bulk, bulk_of, describe_failure
+from ._redis_link import Settle, bulk_of, describe_failure
 from ._redis_state import PolicyArgs, feedback_write, parse_states
 
 if TYPE_CHECKING:
@@ -87,9 +85,10 @@ def _announces_nothing(feedback: Feedback | None) -> bool:
 class _Pending:
     """One release being prepared: each scope's arguments, the controllers' writes."""
 
-    __slots__ = ("earlier", "feedback_at", "fixed", "told", "wanted", "writes")
+    __slots__ = ("earlier", "feedback_at", "fixed", "told", "used", "wanted", "writes")
 
     def __init__(self) -> None:
+        self.used = USED  # USED, USED_EARLY or UNUSED (see RELEASE)
         self.fixed: list[bytes] = []  # per scope: its arguments but the write
         self.writes: dict[int, bytes] = {}  # per scope index: the controllers' write
         # per scope index: what the controllers logged making it (told if it stands)
@@ -150,37 +149,6 @@ class Releases:
                     return
                 raise TimeoutError("Redis did not take back an abandoned grant")
 
-    def _head(self, lease: RedisLease, used: bool, *, early: bool = False) -> list[bytes]:
-        """A release's arguments before the scopes': its keys, clock, lease id, send time, used.
-
-        ``early``: the slot may be freed before the controllers' writes
-        stand (the feedback announces no limit: see the script).
-        """
-        return [
-            lease.encoded_keys,
-            bulk(self.calls.now_arg()),
-            bulk(lease.id),
-            bulk_of(lease.send_at_ms),
-            USED_EARLY if early else USED if used else UNUSED,
-            self.args.release_base,
-        ]
-
-    def _scope(
-        self,
-        scope: str,
-        policy_args: PolicyArgs,
-        want: bytes,
-        consumed: Mapping[str, float] | None,
-    ) -> bytes:
-        """A scope's arguments of a release but the controllers' write."""
-        amount = AS_DECLARED
-        if consumed is not None and scope in consumed:
-            amount = bulk_of(max(0.0, float(consumed[scope])))
-        policy = policy_args.encoded
-        if want is NOT_WANTED and not policy_args.booked:
-            policy = NO_POLICY  # (the script has nothing to read it for)
-        return self.args.scope(scope)[2] + amount + want + policy
-
     def _lapses_soon(self, lease: RedisLease, now: float) -> bool:
         """Whether ``lease`` may lapse soon: its release then waits for the reply."""
         return now >= lease.expires - _SURE - 0.1 * self.calls.lease_time
@@ -197,34 +165,15 @@ class Releases:
         """
         if lease.parts is not None or self._lapses_soon(lease, _now()):
             return False
-        script, command = PLAIN_RELEASE, self._plain(lease)
+        clock = self.calls.now_arg()
+        script, command = PLAIN_RELEASE, self.args.plain_release(lease, clock)
         if command is None:
             script = RELEASE
-            parts = self._head(lease, True)
-            for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
-                parts += (self._scope(scope, policy_args, NOT_WANTED, consumed), NO_WRITE)
-            # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
-            command = RELEASE.frame(1 + len(lease.keys) + 6 + 8 * len(lease.scopes), parts)
+            command = self.args.unwanted_release(lease, clock, USED, consumed)
         if not self.calls.link.post(script, command, lease.keys[0], partial(self._settled, lease)):
             return False
         self.count += 1
         return True
-
-    def _plain(self, lease: RedisLease) -> bytes | None:
-        """The :data:`PLAIN_RELEASE` of a sent ``lease`` without feedback, if it applies.
-
-        It does when no scope has a slot delay or quota (whose books a release
-        keeps); ``None`` otherwise.
-        """
-        names = []
-        for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
-            if policy_args.booked:
-                return None
-            names.append(self.args.scope(scope)[2])
-        # (number of keys, keys, clock, lease id, channel, a name per scope)
-        count = 1 + len(lease.keys) + 3 + len(names)
-        head = [lease.encoded_keys, bulk(self.calls.now_arg()), bulk(lease.id)]
-        return PLAIN_RELEASE.frame(count, [*head, self.args.channel_arg, *names])
 
     async def release(
         self,
@@ -258,13 +207,13 @@ class Releases:
         if feedback is not None:
             feedback = attrs.evolve(feedback, sent_at=lease.send_at_ms / 1000.0)
         early = used and _announces_nothing(feedback)
-        head = self._head(lease, used, early=early)
         pending = self._prepare(lease, feedback, consumed, used, early)
+        pending.used = USED_EARLY if early else USED if used else UNUSED
         later: Settle | None = None
         if not quiet and not pending.wanted and not self._lapses_soon(lease, now):
             later = partial(self._settled, lease)
         try:
-            released = await self._send(lease, pending, feedback, head, used, deadline, later)
+            released = await self._send(lease, pending, feedback, deadline, later)
             if released is _NOT_STORED:  # (the lease is still held: hand it back without it)
                 released = await self._without_feedback(lease, used, consumed, deadline, later)
         except ERRORS.unavailable as exc:
@@ -304,7 +253,7 @@ class Releases:
                     self.kept.add(scope, lease, feedback, self._redis_now(lease))
                 else:
                     want = self._wanted(pending, lease, index, scope, policy_args, feedback)
-            pending.fixed.append(self._scope(scope, policy_args, want, consumed))
+            pending.fixed.append(self.args.release_scope(scope, policy_args, want, consumed))
         return pending
 
     def _wanted(
@@ -340,8 +289,6 @@ class Releases:
         lease: RedisLease,
         pending: _Pending,
         feedback: Feedback | None,
-        head: list[bytes],
-        used: bool,
         deadline: float,
         later: Settle | None,
     ) -> Any:
@@ -354,17 +301,19 @@ class Releases:
         the slot is free, after :data:`KEEP_AFTER` tries.
         """
         names = list(lease.scopes)
-        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
-        count = 1 + len(lease.keys) + 6 + 8 * len(names)
-        plain = self._plain(lease) if used and not pending.wanted else None
+        clock = self.calls.now_arg()
+        plain = None
+        if pending.used is not UNUSED and not pending.wanted:
+            plain = self.args.plain_release(lease, clock)
         freed: scripts.Released | None = None  # released before the writes stood
         for tries in range(1, WRITE_TRIES + 1):
             script, command = PLAIN_RELEASE, plain
             if command is None:
-                args = list(head)
-                for index, values in enumerate(pending.fixed):
-                    args += (values, pending.writes.get(index, NO_WRITE))
-                script, command = RELEASE, RELEASE.frame(count, args)
+                scopes = [
+                    values + pending.writes.get(index, NO_WRITE)
+                    for index, values in enumerate(pending.fixed)
+                ]
+                script, command = RELEASE, self.args.release(lease, clock, pending.used, scopes)
             self.count += 1
             reply = await self.calls.send(script, command, lease.keys[0], deadline, later)
             if reply is None:
@@ -406,10 +355,10 @@ class Releases:
         while _now() < deadline and (newest := self.kept.newest()) is not None:
             scope, lease, feedback = newest
             feedback = attrs.evolve(feedback, scopes=frozenset({scope}))
-            head = self._head(lease, True)
             pending = self._prepare(lease, feedback, None, True, False)
+            pending.used = USED
             try:
-                await self._send(lease, pending, feedback, head, True, deadline, None)
+                await self._send(lease, pending, feedback, deadline, None)
             finally:
                 self.kept.writing.discard(scope)
 
@@ -422,11 +371,8 @@ class Releases:
         later: Settle | None,
     ) -> Any:
         """Release ``lease`` without feedback (what it released, or None: see :meth:`_send`)."""
-        args = self._head(lease, used)
-        for scope, policy_args in zip(lease.scopes, lease.policies, strict=True):
-            args += (self._scope(scope, policy_args, NOT_WANTED, consumed), NO_WRITE)
-        # (number of keys, keys, clock, lease id, send time, used, channel, ttl, 8 per scope)
-        command = RELEASE.frame(1 + len(lease.keys) + 6 + 8 * len(lease.scopes), args)
+        clock = self.calls.now_arg()
+        command = self.args.unwanted_release(lease, clock, USED if used else UNUSED, consumed)
         self.count += 1
         reply = await self.calls.send(RELEASE, command, lease.keys[0], deadline, later)
         if reply is None:
