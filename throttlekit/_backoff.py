@@ -127,6 +127,23 @@ def stated_pace(info: RateLimitInfo) -> float | None:
     return pace
 
 
+def _left_at(feedback: Feedback, now: float) -> float | None:
+    """When ``feedback``'s request left, as well as can be told: not before it did.
+
+    Its ``sent_at`` is when it was granted (through Redis: the send time
+    reserved on Redis's clock); a worker that resumed late sent it later,
+    which its latency, measured from when it resumed, tells. A knock counts
+    its lead from then: counted from the grant, a knock that left 10 ms late
+    proved a lead 10 ms longer than it had, and three processes sharing a
+    moving window through Redis knocked past the real reset (2.1 % refused
+    in one run of four).
+    """
+    sent = feedback.sent_at
+    if sent is None or feedback.latency is None:
+        return sent
+    return max(sent, now - feedback.latency)
+
+
 def low_remaining_pace(info: RateLimitInfo) -> float | None:
     """The :func:`stated_pace` once little is left of the server's quota.
 
@@ -435,7 +452,7 @@ class BackoffState(SlotState):
         if config.knock:
             knock = Knock(self._knock)
             accepted = status is not None and status < 400
-            if knock.answered(feedback.sent_at, now, accepted=accepted, info=info):
+            if knock.answered(_left_at(feedback, now), now, accepted=accepted, info=info):
                 self._cap, self._cap_until = None, -INF  # the window came back early: a new one
             if info is not None:
                 knock.longest = longest_reset(info, knock.longest)
