@@ -897,6 +897,25 @@ def test_a_knock_goes_before_a_frameworks_reset_close_at_hand_and_learns_its_lea
     assert ledger.blocked_until == pytest.approx(6.0 + 2.0 - 0.875)
 
 
+def test_a_knock_that_left_late_counts_the_lead_it_left_with() -> None:
+    # Through Redis a request's sent_at is the send time its grant reserved;
+    # a worker that resumed 0.1 s late sent it 0.1 s closer to the reset, as
+    # its latency (counted from when it resumed) tells. Counted from the
+    # grant, the lead proved was 0.1 s longer than the one the knock had.
+    ledger = _backoff_ledger(knock=True)
+    state = ledger.controllers[0]
+    state.on_feedback(ledger, Feedback(status=200, sent_at=0.0, rate_limit=_spent(2.0)), 0.0)
+    ledger.refresh()
+    assert ledger.blocked_until == pytest.approx(1.5)  # a lead of 0.5 s
+    fresh = _info(remaining=9, limit=10, reset=2.0, source="x-ratelimit")
+    late = Feedback(status=200, sent_at=1.5, latency=0.01, rate_limit=fresh)
+    state.on_feedback(ledger, late, 1.61)  # (it left at 1.6)
+    state.on_feedback(ledger, Feedback(status=200, sent_at=2.0, rate_limit=_spent(2.0)), 2.0)
+    ledger.refresh()
+    # The next lead: halfway from the 0.4 s proved to the reset (0.5 s proved: 2.75).
+    assert ledger.blocked_until == pytest.approx(2.0 + 2.0 - 1.2)
+
+
 @pytest.mark.parametrize(
     ("knock", "info", "until"),
     [
