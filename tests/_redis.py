@@ -33,6 +33,7 @@ import pytest
 import redis.asyncio as aioredis
 from anyio.streams.text import TextReceiveStream
 
+import throttlekit
 from throttlekit.backends.redis import RedisBackend
 
 REDIS_SERVER = shutil.which("redis-server")
@@ -504,3 +505,64 @@ def worker_command(mode: str, server: RedisServer, prefix: str, *extra: str) -> 
         prefix,
         *extra,
     ]
+
+
+class _Settles(throttlekit.BaseController):
+    """A delay of 0.5 s until the first success, 0.01 s from then on."""
+
+    def __init__(self, policy: Any) -> None:
+        self.delay = 0.5
+
+    def on_feedback(self, scope: Any, feedback: Any, now: float) -> None:
+        if feedback.status == 200:
+            self.delay = 0.01
+
+
+class _SettlesOnSend(_Settles):
+    """The same, cut by the second send's ``on_send`` (the first waiter's)."""
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__(policy)
+        self.sends = 0
+
+    def on_send(self, scope: Any, now: float) -> bool | None:
+        self.sends += 1
+        if self.sends == 2:
+            self.delay = 0.01
+        return True
+
+
+async def delay_cut_reaches_waiting_processes(backends: list[RedisBackend], cut_in: str) -> None:
+    """The first backend holds a grant of a scope whose delay is 0.5 s while
+    the others wait in turn (turns 0.5 s apart); the delay is then cut to
+    0.01 s by the release (``cut_in="release"``) or by the next send's
+    ``on_send`` (``"send"``): every waiter must be granted within a second
+    of the cut. Closes the backends."""
+    controller = _Settles if cut_in == "release" else _SettlesOnSend
+    policy = fast(concurrency=None, delay=0.0, controllers=(controller,))
+    limiters = [throttlekit.Limiter(default=policy, backend=each) for each in backends]
+    granted: list[float] = []
+
+    async def wait(limiter: throttlekit.Limiter) -> None:
+        async with limiter.acquire(scopes="example.com"):
+            granted.append(time.monotonic())
+
+    try:
+        async with (
+            anyio.create_task_group() as tasks,
+            limiters[0].acquire(scopes="example.com") as permit,
+        ):
+            for limiter in limiters[1:]:
+                tasks.start_soon(wait, limiter)
+                await anyio.sleep(0.02)  # (in order: turns 0.5 s apart)
+            await anyio.sleep(0.2)
+            if cut_in == "release":
+                permit.record(status=200)
+            cut = time.monotonic()
+        assert len(granted) == len(backends) - 1
+        if cut_in == "send":
+            cut = min(granted)
+        assert max(granted) - cut < 1.0, [round(each - cut, 3) for each in granted]
+    finally:
+        for backend in backends:
+            await backend.aclose()

@@ -37,6 +37,7 @@ from _redis import (
     backend_keys,
     client_errors,
     client_module,
+    delay_cut_reaches_waiting_processes,
     fast,
     free_port,
     listens,
@@ -224,17 +225,6 @@ async def test_a_waiter_told_to_wait_for_time_leaves_the_line_of_processes(
     await waiter.aclose()
 
 
-class Settles(throttlekit.BaseController):
-    """A delay of 0.5 s until the first success, 0.01 s from then on."""
-
-    def __init__(self, policy: ScopePolicy) -> None:
-        self.delay = 0.5
-
-    def on_feedback(self, scope: Any, feedback: Any, now: float) -> None:
-        if feedback.status == 200:
-            self.delay = 0.01
-
-
 @pytest.mark.parametrize("cut_in", ["release", "send"])
 @pytest.mark.anyio
 async def test_processes_waiting_on_turns_hear_that_the_delay_was_cut(
@@ -248,47 +238,8 @@ async def test_processes_waiting_on_turns_hear_that_the_delay_was_cut(
     send's ``on_send`` (``cut_in``). Sleeping to their old turns, the last
     of them waited 3 s more; told, each asks again at once.
     """
-
-    class SettlesOnSend(Settles):
-        def __init__(self, policy: ScopePolicy) -> None:
-            super().__init__(policy)
-            self.sends = 0
-
-        def on_send(self, scope: Any, now: float) -> bool | None:
-            self.sends += 1
-            if self.sends == 2:  # (the first waiter's)
-                self.delay = 0.01
-            return True
-
-    controller = Settles if cut_in == "release" else SettlesOnSend
-    policy = fast(concurrency=None, delay=0.0, controllers=(controller,))
     backends = [make_backend(redis_server, prefix) for _ in range(8)]
-    limiters = [throttlekit.Limiter(default=policy, backend=each) for each in backends]
-    granted: list[float] = []
-
-    async def wait(limiter: throttlekit.Limiter) -> None:
-        async with limiter.acquire(scopes="example.com"):
-            granted.append(time.monotonic())
-
-    try:
-        async with (
-            anyio.create_task_group() as tasks,
-            limiters[0].acquire(scopes="example.com") as permit,
-        ):
-            for limiter in limiters[1:]:
-                tasks.start_soon(wait, limiter)
-                await anyio.sleep(0.02)  # (in order: turns 0.5 s apart)
-            await anyio.sleep(0.2)
-            if cut_in == "release":
-                permit.record(status=200)
-            cut = time.monotonic()
-        assert len(granted) == 7
-        if cut_in == "send":
-            cut = min(granted)
-        assert max(granted) - cut < 1.0, [round(each - cut, 3) for each in granted]
-    finally:
-        for backend in backends:
-            await backend.aclose()
+    await delay_cut_reaches_waiting_processes(backends, cut_in)
 
 
 @pytest.mark.anyio

@@ -21,7 +21,13 @@ from typing import Any
 import anyio
 import pytest
 import redis
-from _redis import CLIENT_LIBRARIES, RedisClusterServers, client_module, fast
+from _redis import (
+    CLIENT_LIBRARIES,
+    RedisClusterServers,
+    client_module,
+    delay_cut_reaches_waiting_processes,
+    fast,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster
@@ -492,6 +498,23 @@ async def test_four_processes_share_one_scope_on_a_cluster(
         await four_processes_share_one_scope(redis_cluster, admin, prefix)
     finally:
         await admin.aclose()
+
+
+@pytest.mark.parametrize("cut_in", ["release", "send"])
+@pytest.mark.anyio
+async def test_processes_waiting_on_turns_hear_that_the_delay_was_cut_on_a_cluster(
+    redis_cluster: RedisClusterServers, prefix: str, cut_in: str
+) -> None:
+    """The wake-up a cut delay publishes reaches backends of every node (pub/sub is
+    cluster-wide): seven waiting on turns 0.5 s apart, through the three nodes."""
+    nodes = itertools.cycle(redis_cluster.nodes)
+    clients = [RedisCluster.from_url(next(nodes).url) for _ in range(8)]
+    try:
+        backends = [RedisBackend(client, prefix=prefix) for client in clients]
+        await delay_cut_reaches_waiting_processes(backends, cut_in)
+    finally:
+        for client in clients:
+            await client.aclose()  # (a backend leaves the client it was given open)
 
 
 # -- the same decisions in memory and on the cluster ------------------------------------------
