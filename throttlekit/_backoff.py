@@ -135,8 +135,8 @@ def _left_at(feedback: Feedback, now: float) -> float | None:
     which its latency, measured from when it resumed, tells. A knock counts
     its lead from then: counted from the grant, a knock that left 10 ms late
     proved a lead 10 ms longer than it had, and three processes sharing a
-    moving window through Redis knocked past the real reset (2.1 % refused
-    in one run of four).
+    moving window through Redis knocked past the real reset (three of nine
+    runs refused over 2 %, or reached 90 % late).
     """
     sent = feedback.sent_at
     if sent is None or feedback.latency is None:
