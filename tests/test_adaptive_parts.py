@@ -457,11 +457,11 @@ def test_refusals_at_one_count_at_rates_apart_are_a_limit_in_flight() -> None:
     verdicts = []
     for sent_at, accepted in ((10.0, 10), (20.0, 20), (30.0, 30)):
         log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
-        verdicts.append(detector.refused(4, sent_at, log))
+        verdicts.append(detector.refused(4, sent_at, sent_at, log))
     assert verdicts == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
     assert detector.count == 4
-    assert detector.refused(5, 31.0, _log()) is Verdict.KNOWN
-    assert detector.refused(2, 32.0, _log()) is Verdict.NOTHING  # lower: disproved
+    assert detector.refused(5, 31.0, 31.0, _log()) is Verdict.KNOWN
+    assert detector.refused(2, 32.0, 32.0, _log()) is Verdict.NOTHING  # lower: disproved
     assert detector.count is None
 
 
@@ -475,7 +475,7 @@ def test_refusals_at_one_count_at_one_rate_are_a_rate_limit_if_more_were_accepte
     detector = InFlightLimit(TUNING)
     for sent_at in (10.0, 20.0, 30.0):
         log = _log(*((sent_at - 1 + (i + 0.5) / 10, True) for i in range(10)))
-        assert detector.refused(4, sent_at, log) is Verdict.NOTHING
+        assert detector.refused(4, sent_at, sent_at, log) is Verdict.NOTHING
         _accepted_together(detector, 6, sent_at + 1)  # more in flight than it refused at
 
 
@@ -485,7 +485,7 @@ def test_refusals_at_one_count_when_never_more_were_accepted_are_a_limit_in_flig
     for sent_at in (10.0, 20.0, 30.0):
         log = _log(*((sent_at - 1 + (i + 0.5) / 10, True) for i in range(10)))
         _accepted_together(detector, 4, sent_at - 2)
-        verdicts.append(detector.refused(4, sent_at, log))
+        verdicts.append(detector.refused(4, sent_at, sent_at, log))
     assert verdicts == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
 
 
@@ -493,10 +493,15 @@ def test_a_refusal_counts_what_was_in_flight_when_it_was_sent() -> None:
     # Four sent 5 ms apart before a 20 ms origin; the fifth, sent at 20 ms,
     # is refused and its refusal comes back at 21 ms, when the first has
     # answered: three in flight then, four when it was sent.
-    detector = InFlightLimit(TUNING)
-    detector.accepted(0.0, 0.0205)
-    assert detector.at_send(3, 0.02, 0.021, latency=0.02) == 4
-    assert detector.at_send(3, 0.02, 0.5, latency=0.02) == 3  # judged late: those now are later
+    def count(now: float) -> int | None:
+        detector = InFlightLimit(TUNING)
+        detector.accepted(0.0, 0.0205)
+        for _ in range(3):
+            detector.refused(3, 0.02, now, _log(), latency=0.02)
+        return detector.count
+
+    assert count(0.021) == 4
+    assert count(0.5) == 3  # judged late: those in flight now were sent since
 
 
 def test_counts_one_apart_are_one_limit_where_the_count_is_not_exact() -> None:
@@ -509,11 +514,38 @@ def test_counts_one_apart_are_one_limit_where_the_count_is_not_exact() -> None:
         verdicts[exact] = []
         for sent_at, accepted, flying in ((10.0, 10, 5), (20.0, 20, 6), (30.0, 30, 5)):
             log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
-            verdicts[exact].append(detector.refused(flying, sent_at, log, exact=exact))
+            verdicts[exact].append(detector.refused(flying, sent_at, sent_at, log, exact=exact))
         if not exact:
             assert detector.count == 5  # the lowest
     assert verdicts[True] == [Verdict.NOTHING] * 3
     assert verdicts[False] == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
+
+
+def test_a_count_read_high_by_an_answer_within_the_refusals_round_trip_is_one_count() -> None:
+    # nginx's limit_conn 4 before a 100 ms origin, in one process: refusals
+    # read 4, 5 and 4 in flight, the 5 counting an answer that came back
+    # within the refused request's round trip (it may have left the server
+    # before the refused one came). Taken for counts that differ, they were
+    # read as a rate limit, held at 89 % of what the server allows.
+    def verdicts(answered: float) -> tuple[list[Verdict], int | None]:
+        detector = InFlightLimit(TUNING)
+        found = []
+        for sent_at, accepted in ((10.0, 40), (20.0, 50), (30.0, 60)):
+            log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
+            if sent_at == 20.0:
+                detector.accepted(19.9, sent_at + answered)
+            found.append(detector.refused(4, sent_at, sent_at + 0.002, log, latency=0.1))
+        return found, detector.count
+
+    # Answered within the round trip: the count reads 4 or 5, as its neighbours.
+    assert verdicts(0.001) == ([Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND], 4)
+    # Still in flight at the refusal (counted in its 4 then): 4, 4 and 4.
+    assert verdicts(0.003)[0][-1] is Verdict.FOUND
+    # 4, 6 and 4 still in flight: no such limit.
+    detector = InFlightLimit(TUNING)
+    for sent_at, flying in ((10.0, 4), (20.0, 6), (30.0, 4)):
+        last = detector.refused(flying, sent_at, sent_at + 0.002, _log(), latency=0.1)
+    assert last is Verdict.NOTHING
 
 
 def test_refusals_with_more_in_flight_than_the_rate_holds_are_a_burst_not_a_limit() -> None:
@@ -529,7 +561,7 @@ def test_refusals_with_more_in_flight_than_the_rate_holds_are_a_burst_not_a_limi
         verdicts[latency] = []
         for sent_at in (2.40, 2.45, 2.50):
             log = _log(*((sent_at - 1 + (i + 0.5) / 30, True) for i in range(30)))
-            verdict = detector.refused(3, sent_at, log, exact=False, latency=latency)
+            verdict = detector.refused(3, sent_at, sent_at, log, exact=False, latency=latency)
             verdicts[latency].append(verdict)
     assert verdicts[0.002] == [Verdict.NOTHING] * 3
     assert verdicts[0.1] == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
@@ -569,13 +601,13 @@ def test_a_refusal_just_below_an_inexact_limit_lowers_it() -> None:
     detector = InFlightLimit(TUNING)
     for sent_at, accepted in ((10.0, 10), (20.0, 20), (30.0, 30)):
         log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
-        detector.refused(5, sent_at, log, exact=False)
+        detector.refused(5, sent_at, sent_at, log, exact=False)
     assert detector.count == 5
-    assert detector.refused(5, 31.0, _log(), exact=False) is Verdict.KNOWN
-    assert detector.refused(4, 32.0, _log(), exact=False) is Verdict.FOUND  # the cap: one lower
+    assert detector.refused(5, 31.0, 31.0, _log(), exact=False) is Verdict.KNOWN
+    assert detector.refused(4, 32.0, 32.0, _log(), exact=False) is Verdict.FOUND  # one lower
     assert detector.count == 4
-    assert detector.refused(4, 33.0, _log(), exact=False) is Verdict.KNOWN
-    assert detector.refused(3, 34.0, _log(), exact=False) is Verdict.NOTHING  # disproved
+    assert detector.refused(4, 33.0, 33.0, _log(), exact=False) is Verdict.KNOWN
+    assert detector.refused(3, 34.0, 34.0, _log(), exact=False) is Verdict.NOTHING  # disproved
     assert detector.count is None
 
 
@@ -587,25 +619,25 @@ def test_a_limit_in_flight_read_at_a_full_cap_is_a_bound_a_lower_reading_refines
     def found(cap: int) -> InFlightLimit:
         detector = InFlightLimit(TUNING)
         for sent_at in (3.30, 3.31, 3.32):
-            detector.refused(7, sent_at, _log(), cap=cap, exact=False)
+            detector.refused(7, sent_at, sent_at, _log(), cap=cap, exact=False)
         assert detector.count == 7
         return detector
 
     detector = found(cap=8)
-    assert detector.refused(5, 3.40, _log(), cap=7, exact=False) is Verdict.FOUND  # refined
+    assert detector.refused(5, 3.40, 3.40, _log(), cap=7, exact=False) is Verdict.FOUND  # refined
     assert detector.count == 5
-    assert detector.refused(4, 3.50, _log(), cap=5, exact=False) is Verdict.FOUND  # one lower
-    assert detector.refused(1, 3.60, _log(), cap=4, exact=False) is Verdict.NOTHING  # too few
+    assert detector.refused(4, 3.50, 3.50, _log(), cap=5, exact=False) is Verdict.FOUND  # one lower
+    assert detector.refused(1, 3.60, 3.60, _log(), cap=4, exact=False) is Verdict.NOTHING  # too few
     # Read below the cap, the limit was a real reading: a lower one disproves it.
     detector = found(cap=16)
-    assert detector.refused(5, 3.40, _log(), cap=7, exact=False) is Verdict.NOTHING
+    assert detector.refused(5, 3.40, 3.40, _log(), cap=7, exact=False) is Verdict.NOTHING
 
 
 def test_errors_are_only_counted_until_judged() -> None:
     detector = InFlightLimit(TUNING)
     for sent_at in (10.0, 20.0, 30.0):
-        assert detector.refused(4, sent_at, _log(), judge=False) is Verdict.NOTHING
-    assert detector.refused(4, 31.0, _log()) is Verdict.FOUND
+        assert detector.refused(4, sent_at, sent_at, _log(), judge=False) is Verdict.NOTHING
+    assert detector.refused(4, 31.0, 31.0, _log()) is Verdict.FOUND
 
 
 # -- the judge of errors -----------------------------------------------------------------------

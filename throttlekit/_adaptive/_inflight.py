@@ -44,7 +44,12 @@ class InFlightLimit(SlotState):
     refilled at once, so the reading is the cap, whatever the server's
     limit below it; a lower reading refines it. (A rate limit at a full
     cap refuses at no lower count: below the cap, the readings are real
-    ones.)
+    ones.) And those answered within the refusal's round trip may have
+    left the server before it came (the same limit before a 100 ms origin
+    read 4, 5 and 4 at three refusals in a row, in one process). So a
+    refusal reads a range, from the count still in flight at its refusal
+    up to that at its send; refusals whose ranges meet are at one count,
+    the lowest of their counts at send.
 
     Where the count is not exact (a backend shared by processes counts its
     leases, among them ones granted but not yet sent and ones answered but
@@ -64,7 +69,8 @@ class InFlightLimit(SlotState):
         self.count: int | None = None  # the limit on requests in flight, once found
         self.found = 0  # the count it was found at (it may show one lower since)
         self.bound = False  # whether it was read at a full cap (a bound only)
-        self.refusals: list[list[float]] = []  # [in flight, rate] at the last refusals
+        # [in flight, rate, in flight still at the refusal] of the last refusals
+        self.refusals: list[list[float]] = []
         # Whether an answer accepted since the first of those refusals had
         # more in flight than they had (a limit on requests in flight does
         # not accept more than it refuses at).
@@ -86,16 +92,6 @@ class InFlightLimit(SlotState):
         answers.append([sent_at, now])
         del answers[:-ANSWERS_KEPT]
 
-    def at_send(self, flying: int, sent_at: float, now: float, latency: float | None) -> int:
-        """``flying`` in flight now, with those accepted since ``sent_at`` that were sent before.
-
-        Only for a refusal answered sooner than an acceptance takes (``latency``):
-        judged later, those in flight now were sent since.
-        """
-        if latency is None or now - sent_at >= latency:
-            return flying
-        return flying + self._at_send(sent_at)
-
     def _at_send(self, sent_at: float) -> int:
         """Of the requests accepted, how many were in flight when ``sent_at`` was sent.
 
@@ -107,6 +103,7 @@ class InFlightLimit(SlotState):
         self,
         flying: int,
         sent_at: float,
+        now: float,
         log: SendLog,
         *,
         cap: int | None = None,
@@ -114,7 +111,7 @@ class InFlightLimit(SlotState):
         exact: bool = True,
         latency: float | None = None,
     ) -> Verdict:
-        """A refusal of a request sent at ``sent_at`` with ``flying`` others in flight then.
+        """A refusal, now, of a request sent at ``sent_at``, with ``flying`` others in flight now.
 
         ``cap`` is the concurrency in force (``None``: none). With ``judge``
         false it is only counted (an error that may be a random one: the
@@ -122,6 +119,8 @@ class InFlightLimit(SlotState):
         is exact (see the class). ``latency``: the mean latency of accepted
         requests, if known (see :meth:`_burst`).
         """
+        still = flying
+        flying = self._at_send_of_refused(flying, sent_at, now, latency)
         tuning = self.tuning
         noise = self._noise(exact)
         if self.count is not None:
@@ -131,22 +130,34 @@ class InFlightLimit(SlotState):
         horizon = tuning.edge_horizon
         rate = log.measured(sent_at - horizon, sent_at, accepted=True) + flying
         refusals = self.refusals
-        if refusals and abs(refusals[-1][0] - flying) > noise:
+        if refusals and not _meet([refusals[-1], [flying, rate, still]], noise):
             self.above = False
-        refusals.append([flying, rate])
+        refusals.append([flying, rate, still])
         del refusals[: -tuning.inflight_refusals]
-        counts = [count for count, _ in refusals]
-        rates = [rate for _, rate in refusals]
+        counts = [count for count, *_ in refusals]
+        rates = [rate for _, rate, *_ in refusals]
         if (
             not judge
             or len(refusals) < tuning.inflight_refusals
-            or max(counts) - min(counts) > noise
+            or not _meet(refusals, noise)
             or min(counts) < tuning.inflight_fewest
             or (self.above and max(rates) <= tuning.inflight_spread * min(rates))
         ):
             return Verdict.NOTHING
         self._found(int(min(counts)), cap)
         return Verdict.FOUND
+
+    def _at_send_of_refused(
+        self, flying: int, sent_at: float, now: float, latency: float | None
+    ) -> int:
+        """``flying`` in flight now, with those accepted since ``sent_at`` that were sent before.
+
+        Only for a refusal answered sooner than an acceptance takes (``latency``):
+        judged later, those in flight now were sent since.
+        """
+        if latency is None or now - sent_at >= latency:
+            return flying
+        return flying + self._at_send(sent_at)
 
     def _again(self, flying: int, cap: int | None, noise: int) -> Verdict:
         """A refusal once the limit was found: below it, it disproves or refines it."""
@@ -189,8 +200,26 @@ class InFlightLimit(SlotState):
 
     def counts(self) -> str:
         """The counts in flight of the refusals that found the limit, for the log."""
-        return "/".join(str(count) for count, _ in self.refusals)
+        return "/".join(_reading(refusal) for refusal in self.refusals)
 
     def rates(self) -> str:
         """The rates of the refusals that found the limit, for the log."""
-        return "/".join(f"{rate:.3g}" for _, rate in self.refusals)
+        return "/".join(f"{rate:.3g}" for _, rate, *_ in self.refusals)
+
+
+def _meet(refusals: list[list[float]], noise: int) -> bool:
+    """Whether refusals' ranges of counts in flight meet, ``noise`` apart at most.
+
+    A refusal reads from its count still in flight at its refusal (its
+    third item; a state kept by an older version has none) up to its count.
+    """
+    lowest = min(count for count, *_ in refusals)
+    highest = max(refusal[2] if len(refusal) > 2 else refusal[0] for refusal in refusals)
+    return highest - lowest <= noise
+
+
+def _reading(refusal: list[float]) -> str:
+    """A refusal's count in flight, as a range where it reads one (``4-5``)."""
+    count = int(refusal[0])
+    still = int(refusal[2]) if len(refusal) > 2 else count
+    return str(count) if still >= count else f"{still}-{count}"

@@ -257,9 +257,8 @@ def in_flight_limit(
     exact = scope.in_flight_exact
     cap = scope.concurrency
     latency = parts.concurrency_loop.latency
-    flying = inflight.at_send(flying, sent_at, now, latency)
     verdict = inflight.refused(
-        flying, sent_at, parts.log, cap=cap, judge=judge, exact=exact, latency=latency
+        flying, sent_at, now, parts.log, cap=cap, judge=judge, exact=exact, latency=latency
     )
     if verdict is Verdict.NOTHING:
         return False
