@@ -21,6 +21,7 @@ Usage: ``python -m benchmarks.real_limiters --virtual [--backend trio]``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,12 @@ STATIC_LATENCY = 0.001
 #: counts the request itself) and a moving window's inclusive edge refuse evenly paced
 #: requests; the real oracle's timing noise puts it that far below the limit anyway.
 ORACLE_SLACK = 1.001
+#: Limiters counted by nginx's ``limit_req``, in whole milliseconds: paced at
+#: 333.7 ms, ``rate=3r/s`` refuses the sends 333 ms apart (one in three), so
+#: their oracle's interval is the whole milliseconds the rate needs, and
+#: this much more (a send time's float error never loses nginx a millisecond).
+NGINX_KINDS = ("limit_req", "burst")
+NGINX_SLACK_MS = 0.02
 #: The backlog of requests queued at the start, per allowed request of the run.
 BACKLOG_FACTOR = 3
 
@@ -85,6 +92,8 @@ def policies(limiter: RealLimiter, *, with_adaptive: bool) -> dict[str, ScopePol
         )
     else:
         interval = ORACLE_SLACK / rate
+        if limiter.kind in NGINX_KINDS:
+            interval = (math.ceil(1000 / rate - 1e-9) + NGINX_SLACK_MS) / 1000
         oracle = ScopePolicy(concurrency=16, delay=interval, slot_delay=0.0, backoff=None)
     return {**found, "oracle": oracle}
 

@@ -461,7 +461,7 @@ def test_refusals_at_one_count_at_rates_apart_are_a_limit_in_flight() -> None:
     assert verdicts == [Verdict.NOTHING, Verdict.NOTHING, Verdict.FOUND]
     assert detector.count == 4
     assert detector.refused(5, 31.0, 31.0, _log()) is Verdict.KNOWN
-    assert detector.refused(2, 32.0, 32.0, _log()) is Verdict.NOTHING  # lower: disproved
+    assert detector.refused(2, 32.0, 32.0, _log()) is Verdict.DISPROVED  # lower
     assert detector.count is None
 
 
@@ -607,7 +607,7 @@ def test_a_refusal_just_below_an_inexact_limit_lowers_it() -> None:
     assert detector.refused(4, 32.0, 32.0, _log(), exact=False) is Verdict.FOUND  # one lower
     assert detector.count == 4
     assert detector.refused(4, 33.0, 33.0, _log(), exact=False) is Verdict.KNOWN
-    assert detector.refused(3, 34.0, 34.0, _log(), exact=False) is Verdict.NOTHING  # disproved
+    assert detector.refused(3, 34.0, 34.0, _log(), exact=False) is Verdict.DISPROVED
     assert detector.count is None
 
 
@@ -627,10 +627,41 @@ def test_a_limit_in_flight_read_at_a_full_cap_is_a_bound_a_lower_reading_refines
     assert detector.refused(5, 3.40, 3.40, _log(), cap=7, exact=False) is Verdict.FOUND  # refined
     assert detector.count == 5
     assert detector.refused(4, 3.50, 3.50, _log(), cap=5, exact=False) is Verdict.FOUND  # one lower
-    assert detector.refused(1, 3.60, 3.60, _log(), cap=4, exact=False) is Verdict.NOTHING  # too few
+    assert detector.refused(1, 3.60, 3.60, _log(), cap=4, exact=False) is Verdict.DISPROVED
     # Read below the cap, the limit was a real reading: a lower one disproves it.
     detector = found(cap=16)
-    assert detector.refused(5, 3.40, 3.40, _log(), cap=7, exact=False) is Verdict.NOTHING
+    assert detector.refused(5, 3.40, 3.40, _log(), cap=7, exact=False) is Verdict.DISPROVED
+
+
+def test_refusals_at_the_cap_once_it_held_disprove_a_limit_in_flight() -> None:
+    # A leaky bucket at 100/s, its sends up to 20 ms late, read 4, 4 and 4
+    # in flight at 47, 42 and 42/s: taken for a limit in flight, capped at
+    # 4, it went on refusing there (nginx's limit_conn 4, so capped, refused
+    # none in the rest of a 40 s run). Once refuted so, only rates that
+    # differ show such a limit again.
+    def found(*, exact: bool) -> InFlightLimit:
+        detector = InFlightLimit(TUNING)
+        for sent_at in (10.0, 10.1, 10.2):
+            log = _log(*((sent_at - 1 + (i + 0.5) / 42, True) for i in range(42)))
+            detector.refused(4, sent_at, sent_at, log, exact=exact)
+        assert detector.count == 4
+        return detector
+
+    detector = found(exact=True)
+    # Sent before the cap held: the limit's own refusals.
+    assert detector.refused(4, 10.15, 10.25, _log()) is Verdict.KNOWN
+    verdicts = [detector.refused(4, at, at, _log()) for at in (10.3, 10.4, 10.5)]
+    assert verdicts == [Verdict.KNOWN, Verdict.KNOWN, Verdict.DISPROVED]
+    assert detector.count is None
+    for sent_at in (11.0, 11.1, 11.2):  # one count, one rate: no longer enough
+        log = _log(*((sent_at - 1 + (i + 0.5) / 42, True) for i in range(42)))
+        assert detector.refused(4, sent_at, sent_at, log) is Verdict.NOTHING
+    log = _log(*((19.0 + (i + 0.5) / 20, True) for i in range(20)))
+    assert detector.refused(4, 20.0, 20.0, log) is Verdict.FOUND  # at a rate that differs
+    # A shared backend's counts read high: there, refusals at the cap say nothing.
+    detector = found(exact=False)
+    verdicts = [detector.refused(4, at, at, _log(), exact=False) for at in (10.3, 10.4, 10.5)]
+    assert verdicts == [Verdict.KNOWN] * 3
 
 
 def test_errors_are_only_counted_until_judged() -> None:

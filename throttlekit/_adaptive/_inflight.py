@@ -22,6 +22,12 @@ class Verdict(enum.Enum):
     NOTHING = "no such limit shown"
     FOUND = "refused at one number in flight each time, at rates that differ"
     KNOWN = "refused at or above the limit found: sent before the cap took hold"
+    DISPROVED = "refused below the limit found, or at its cap once it held: no such limit"
+
+    @property
+    def handled(self) -> bool:
+        """Whether the refusal is that limit's, and needs nothing more."""
+        return self in (Verdict.FOUND, Verdict.KNOWN)
 
 
 class InFlightLimit(SlotState):
@@ -61,13 +67,37 @@ class InFlightLimit(SlotState):
     average is no evidence either way (see :meth:`_burst`).
     """
 
-    __slots__ = ("above", "answers", "bound", "count", "found", "refusals", "tuning")
-    STATE = ("above", "answers", "bound", "count", "found", "refusals")
+    __slots__ = (
+        "above",
+        "answers",
+        "bound",
+        "capped",
+        "count",
+        "found",
+        "found_at",
+        "refusals",
+        "refuted",
+        "tuning",
+    )
+    STATE = (
+        "above",
+        "answers",
+        "bound",
+        "capped",
+        "count",
+        "found",
+        "found_at",
+        "refusals",
+        "refuted",
+    )
 
     def __init__(self, tuning: AdaptiveTuning) -> None:
         self.tuning = tuning
         self.count: int | None = None  # the limit on requests in flight, once found
         self.found = 0  # the count it was found at (it may show one lower since)
+        self.found_at = 0.0  # when the cap at ``count`` took hold
+        self.capped = 0  # refusals at the cap of requests sent since
+        self.refuted = False  # whether refusals at a cap disproved a limit found
         self.bound = False  # whether it was read at a full cap (a bound only)
         # [in flight, rate, in flight still at the refusal] of the last refusals
         self.refusals: list[list[float]] = []
@@ -124,7 +154,7 @@ class InFlightLimit(SlotState):
         tuning = self.tuning
         noise = self._noise(exact)
         if self.count is not None:
-            return self._again(flying, cap, noise)
+            return self._again(flying, sent_at, now, cap, exact=exact)
         if latency is not None and self._burst(flying - noise, sent_at, log, latency):
             return Verdict.NOTHING
         horizon = tuning.edge_horizon
@@ -141,10 +171,10 @@ class InFlightLimit(SlotState):
             or len(refusals) < tuning.inflight_refusals
             or not _meet(refusals, noise)
             or min(counts) < tuning.inflight_fewest
-            or (self.above and max(rates) <= tuning.inflight_spread * min(rates))
+            or ((self.above or self.refuted) and max(rates) <= tuning.inflight_spread * min(rates))
         ):
             return Verdict.NOTHING
-        self._found(int(min(counts)), cap)
+        self._found(int(min(counts)), cap, now)
         return Verdict.FOUND
 
     def _at_send_of_refused(
@@ -159,19 +189,42 @@ class InFlightLimit(SlotState):
             return flying
         return flying + self._at_send(sent_at)
 
-    def _again(self, flying: int, cap: int | None, noise: int) -> Verdict:
-        """A refusal once the limit was found: below it, it disproves or refines it."""
-        if flying < self.found - noise:  # refused below the limit found
+    def _again(
+        self, flying: int, sent_at: float, now: float, cap: int | None, *, exact: bool
+    ) -> Verdict:
+        """A refusal once the limit was found: below it, it disproves or refines it.
+
+        At it, sent once the cap held, it counts against it: a limit on
+        requests in flight capped at its count refuses no more (nginx's
+        ``limit_conn 4``, capped at 4, refused none in the rest of a 40 s
+        run), where a rate limit taken for one goes on refusing at the cap
+        (a leaky bucket at 100/s, its sends up to 20 ms late, read 4, 4
+        and 4 in flight, and held at 2 in flight refused 8 % of a run).
+        Only where the count is exact: a shared backend's reads high. Once
+        so refuted, refusals at one count show a limit in flight only at
+        rates that differ.
+        """
+        if flying < self.found - self._noise(exact):  # refused below the limit found
             if not self.bound or flying < self.tuning.inflight_fewest:
-                self.count, self.refusals = None, []  # not (only) one
-                return Verdict.NOTHING
-            self._found(flying, cap)  # it was a bound: this reads it lower
+                self._disproved()
+                return Verdict.DISPROVED
+            self._found(flying, cap, now)  # it was a bound: this reads it lower
             return Verdict.FOUND
         assert self.count is not None
         if flying < self.count:  # a count read high: the cap let one too many through
-            self.count = flying
+            self.count, self.found_at, self.capped = flying, now, 0
             return Verdict.FOUND
+        if exact and sent_at > self.found_at:
+            self.capped += 1
+            if self.capped >= self.tuning.inflight_refusals:
+                self._disproved()
+                self.refuted = True
+                return Verdict.DISPROVED
         return Verdict.KNOWN
+
+    def _disproved(self) -> None:
+        """Not (only) a limit on requests in flight."""
+        self.count, self.refusals = None, []
 
     def _burst(self, flying: int, sent_at: float, log: SendLog, latency: float) -> bool:
         """Whether ``flying`` in flight is far more than the rate accepted holds on average.
@@ -189,9 +242,10 @@ class InFlightLimit(SlotState):
         rate = log.measured(start, sent_at, accepted=True, extra=flying)
         return flying > self.tuning.inflight_held * rate * latency
 
-    def _found(self, count: int, cap: int | None) -> None:
+    def _found(self, count: int, cap: int | None, now: float) -> None:
         """``count`` is the limit: only a bound if read with the concurrency ``cap`` full."""
         self.count = self.found = count
+        self.found_at, self.capped = now, 0
         self.bound = cap is not None and count + 1 >= cap
 
     def _noise(self, exact: bool) -> int:

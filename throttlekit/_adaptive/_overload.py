@@ -6,6 +6,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from ._inflight import Verdict
 from ._parts import Parts
 from ._phase import Event, Phase
 from ._throttle import in_flight_limit, on_throttle
@@ -127,7 +128,11 @@ def _limit_shown(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> 
         on_throttle(parts, scope, sent_at, now, 0.0)
         return True
     flying = max(0, scope.in_flight - 1)
-    return in_flight_limit(parts, scope, flying, sent_at, now, judge=parts.errors.overloaded())
+    verdict = in_flight_limit(parts, scope, flying, sent_at, now, judge=parts.errors.overloaded())
+    if verdict is Verdict.DISPROVED:  # a rate limit's refusal, then: its edge is measured
+        on_throttle(parts, scope, sent_at, now, 0.0, error=True)
+        return True
+    return verdict.handled
 
 
 def cut_for_overload(

@@ -41,7 +41,7 @@ def on_throttle(
     elif loop.echo(sent_at):
         _echo(parts, scope, sent_at, now, wait, closed=closed)
         return
-    if in_flight_limit(parts, scope, flying, sent_at, now):
+    if in_flight_limit(parts, scope, flying, sent_at, now).handled:
         return
     _note_gap(parts, sent_at, now, wait)
     if _told_wait(parts, scope, flying, sent_at, now, wait) or _second_refused(
@@ -248,10 +248,11 @@ def _echo(
 
 def in_flight_limit(
     parts: Parts, scope: ScopeView, flying: int, sent_at: float, now: float, *, judge: bool = True
-) -> bool:
-    """Whether the refusal is a limit on requests in flight's; then it is handled.
+) -> Verdict:
+    """What the refusal says of a limit on requests in flight; handled if it is that limit's.
 
     With ``judge`` false it is only counted (see :meth:`InFlightLimit.refused`).
+    A limit disproved leaves the refusal to be measured as a rate limit's.
     """
     inflight = parts.inflight
     exact = scope.in_flight_exact
@@ -260,11 +261,19 @@ def in_flight_limit(
     verdict = inflight.refused(
         flying, sent_at, now, parts.log, cap=cap, judge=judge, exact=exact, latency=latency
     )
-    if verdict is Verdict.NOTHING:
-        return False
+    if verdict is Verdict.DISPROVED:
+        logger.debug(
+            "scope %s: refused at %d in flight, below the limit found or at its cap: "
+            "no limit on requests in flight",
+            scope.name,
+            flying,
+        )
+        if parts.rate_loop.phase is Phase.CAPPED:  # no cut to echo: the refusal measures an edge
+            parts.rate_loop.cut_at = -math.inf
     if verdict is Verdict.KNOWN:
         parts.rate_loop.cut_at = now
-        return True
+    if verdict is not Verdict.FOUND:
+        return verdict
     count = inflight.count
     assert count is not None
     parts.concurrency_loop.cap(count)
@@ -276,7 +285,7 @@ def in_flight_limit(
         inflight.rates(),
         count,
     )
-    return True
+    return verdict
 
 
 def _told_wait(
