@@ -40,6 +40,21 @@ def test_oracle_gets_every_model_limit_in_virtual_time(backend: str) -> None:
         assert case["reach_s"] == limiter.reach_window, limiter.name
 
 
+def test_the_sweeps_oracle_is_never_refused_by_nginx() -> None:
+    # nginx counts whole milliseconds: an oracle paced at 1.001 x 333.3 ms
+    # sent 333 ms apart one time in three at rate=3r/s and was refused then,
+    # and Adaptive read 140 % of it.
+    cases = [
+        (replace(limiter, seconds=10.0), model)
+        for limiter, model in CASES
+        if limiter.kind in ("limit_req", "burst")
+    ]
+    assert any(limiter.rate == 3.0 for limiter, _ in cases)
+    runs = run_virtual([lim for lim, _ in cases], clients={"oracle"}, models=models(cases))
+    for limiter, _ in cases:
+        assert measure(runs[limiter.name]["oracle"], limiter, 10.0)["refused"] == 0, limiter.name
+
+
 def test_the_sweeps_jitter_reaches_the_models() -> None:
     # The oracle paced at nginx's 10r/s without burst: every send accepted
     # straight, some refused behind 20 ms of jitter (they arrive closer than
