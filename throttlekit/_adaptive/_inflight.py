@@ -67,18 +67,6 @@ class InFlightLimit(SlotState):
     average is no evidence either way (see :meth:`_burst`).
     """
 
-    __slots__ = (
-        "above",
-        "answers",
-        "bound",
-        "capped",
-        "count",
-        "found",
-        "found_at",
-        "refusals",
-        "refuted",
-        "tuning",
-    )
     STATE = (
         "above",
         "answers",
@@ -90,6 +78,7 @@ class InFlightLimit(SlotState):
         "refusals",
         "refuted",
     )
+    __slots__ = (*STATE, "tuning")
 
     def __init__(self, tuning: AdaptiveTuning) -> None:
         self.tuning = tuning
