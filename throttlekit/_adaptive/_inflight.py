@@ -253,16 +253,20 @@ class InFlightLimit(SlotState):
 def _meet(refusals: list[list[float]], noise: int) -> bool:
     """Whether refusals' ranges of counts in flight meet, ``noise`` apart at most.
 
-    A refusal reads from its count still in flight at its refusal (its
-    third item; a state kept by an older version has none) up to its count.
+    A refusal reads from its count still in flight at its refusal
+    (:func:`_still`) up to its count at send.
     """
     lowest = min(count for count, *_ in refusals)
-    highest = max(refusal[2] if len(refusal) > 2 else refusal[0] for refusal in refusals)
-    return highest - lowest <= noise
+    return max(map(_still, refusals)) - lowest <= noise
 
 
 def _reading(refusal: list[float]) -> str:
     """A refusal's count in flight, as a range where it reads one (``4-5``)."""
-    count = int(refusal[0])
-    still = int(refusal[2]) if len(refusal) > 2 else count
+    count, still = int(refusal[0]), int(_still(refusal))
     return str(count) if still >= count else f"{still}-{count}"
+
+
+def _still(refusal: list[float]) -> float:
+    """A refusal's count still in flight at its refusal (a state kept by an older version
+    has none: its count at send)."""
+    return refusal[2] if len(refusal) > 2 else refusal[0]
