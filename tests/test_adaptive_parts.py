@@ -881,6 +881,45 @@ def test_a_refusal_counting_the_pace_held_below_an_edge_that_held_is_sends_jostl
     assert loop.edge == 7.0
 
 
+def test_a_refusal_at_an_edge_held_long_resumes_at_half_for_two_horizons() -> None:
+    # A sliding 10/s that drops to 5/s, Retry-After: 1: the refusal counts
+    # the old limit's sends still in the window, so it cannot tell the new
+    # limit; resumed at the target, the next refusal and its wait would come
+    # within the window.
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 10.0, 11.0, 1.0, 2.0, 0.0, Phase.START)
+    assert not set_edge(loop, _view(), 10.0, 10.0, 1.0, 20.0, 0.0, Phase.HOLD)
+    assert loop.edge == 10.0
+    assert loop.rate == pytest.approx(0.5 * loop.target)
+    assert loop.phase is Phase.RECOVER
+    assert loop.phase_at == pytest.approx(20.0 + 1.0 + 2.0)  # after the wait, two horizons
+    assert "it may have dropped" in loop.reason
+    # Refused there at about that rate: the new limit, not sends jostled.
+    assert set_edge(loop, _view(), 5.0, 6.0, 1.0, 23.5, 0.0, Phase.RECOVER)
+    assert loop.edge == 5.0
+
+
+@pytest.mark.parametrize(
+    ("edge", "wait", "now"),
+    [
+        (11.0, 1.0, 9.0),  # held three horizons: the margin's, as before
+        (11.0, 4.0, 20.0),  # told a longer wait: a longer window's count
+        (9.0, 1.0, 20.0),  # counted at the pace held, below the edge: sends jostled
+    ],
+)
+def test_a_refusal_held_briefly_or_not_at_the_edge_resumes_at_the_target(
+    edge: float, wait: float, now: float
+) -> None:
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 10.0, 11.0, 1.0, 2.0, 0.0, Phase.START)
+    for at in (4.0, 6.0):  # confirmed, the margin widened to a request below
+        set_edge(loop, _view(), 11.0, 11.0, 1.0, at, 0.0, Phase.HOLD)
+    assert loop.rate == pytest.approx(loop.target)
+    set_edge(loop, _view(), edge, edge, wait, now, 0.0, Phase.HOLD)
+    assert loop.rate == pytest.approx(loop.target)
+    assert "dropped" not in loop.reason
+
+
 def test_a_refusal_after_a_pause_is_not_counted_from_the_cut_through_the_pause() -> None:
     # Three processes sharing a scope against Flask-Limiter's moving window
     # of 10/s: the cut's echoes, refused with nothing through since, paused

@@ -36,6 +36,7 @@ def set_edge(
     if phase is Phase.START and risen is not None and (edge <= proved or loop.near(edge, proved)):
         _climb(loop, scope, sent, now, pause)
         return False
+    held = _held_long(loop, edge, phase, wait, now)
     edge, hold_for, confirmed = _confirm(loop, edge, wait, now, phase)
     loop.hold_for = _hold(loop, edge, hold_for, wait, now, confirmed=confirmed)
     loop.edge, loop.edge_held = edge, confirmed
@@ -44,24 +45,65 @@ def set_edge(
     # A confirmed edge is known: resume at the target; a new one from below it.
     restart = loop.config.tuning.new_edge_restart
     loop.rate = loop.target if confirmed else min(loop.target, edge * restart)
+    at, dropped = _resume(loop, now, wait, dropped=confirmed and held)
     loop.enter(
         Event.EDGE,
-        max(now, loop.blocked_until),
-        f"throttled at {sent:.3g}/s, edge {edge:.3g}/s (a rate over {loop.horizon:.3g} s), "
-        f"holding {loop.hold_for:g} s",
+        at,
+        f"throttled at {sent:.3g}/s, edge {edge:.3g}/s{dropped} (a rate over "
+        f"{loop.horizon:.3g} s), holding {loop.hold_for:g} s",
     )
     logger.debug(
-        "scope %s: throttled at %.3f/s, edge %.3f/s (%s; a rate over %.3g s), rate -> %.3f/s, "
+        "scope %s: throttled at %.3f/s, edge %.3f/s (%s%s; a rate over %.3g s), rate -> %.3f/s, "
         "hold %g s",
         scope.name,
         sent,
         edge,
         "confirmed" if confirmed else "new",
+        dropped,
         loop.horizon,
         loop.rate,
         loop.hold_for,
     )
     return not confirmed
+
+
+def _resume(loop: RateLoop, now: float, wait: float, *, dropped: bool) -> tuple[float, str]:
+    """When the climb to the target starts, and what the log adds if the limit ``dropped``.
+
+    Resumed at the target, a limit that dropped to half refuses again within
+    the window, and that refusal's wait is a second one: the scope resumes
+    at ``drop_cut`` of it, held so from when the window has let go of the
+    sends before the refusal, for ``drop_horizons``.
+    """
+    at = max(now, loop.blocked_until)
+    if not dropped:
+        return at, ""
+    tuning = loop.config.tuning
+    loop.rate = loop.target * tuning.drop_cut
+    at = max(at, now + wait, now + loop.horizon) + tuning.drop_horizons * loop.horizon
+    return at, ", held long: it may have dropped"
+
+
+def _held_long(loop: RateLoop, edge: float, phase: Phase, wait: float, now: float) -> bool:
+    """Whether a refusal (told ``wait``) counted the edge after it held ``drop_held`` horizons.
+
+    Counted at the edge held below, unrefused for that long: the window held
+    what the old limit let through. Not a count at the pace held (sends
+    jostled, :func:`_jostled`), nor where the server's window is longer than
+    the edges' horizon (it told a longer wait): such a window's count is not
+    its limit, and two of its windows at half would cost minutes.
+    """
+    tuning = loop.config.tuning
+    horizon, phase_at, old = loop.horizon, loop.phase_at, loop.edge
+    return (
+        phase is Phase.HOLD
+        and old is not None
+        and loop.near(edge, old)
+        and phase_at is not None
+        and horizon <= tuning.edge_horizon
+        and wait <= horizon
+        and now - phase_at >= tuning.drop_held * horizon
+    )
 
 
 def _confirm(
@@ -117,7 +159,8 @@ def _jostled(loop: RateLoop, edge: float, wait: float, phase: Phase) -> bool:
     edge read 11) took the scope to 8/s for a minute. The margin widens.
     Only where the server's window is the horizon (a longer window's count
     is not its limit), and once past a request below the edge: a second
-    such refusal is a new edge.
+    such refusal is a new edge. Only at the target: a rate held lower for a
+    limit that may have dropped is refused at about itself by that limit.
     """
     old = loop.edge
     return (
@@ -128,6 +171,7 @@ def _jostled(loop: RateLoop, edge: float, wait: float, phase: Phase) -> bool:
         and wait <= loop.horizon
         and loop.margin <= loop.one_fewer(old)
         and loop.near(edge, loop.rate)
+        and loop.near(loop.rate, loop.target)
     )
 
 

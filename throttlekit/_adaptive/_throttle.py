@@ -348,10 +348,13 @@ def _measure(
         # it let through between them is what it refilled (a count over one
         # horizon would read the rest of a stored burst as a rate).
         edge = min(edge, log.measured(loop.cut_at, sent_at, accepted=True))
-    if loop.holding() and sent_at - 2 * horizon >= loop.resumed():
+    # (Climbing back from a possible drop, sending at the climb's rate.)
+    climbing = loop.phase_at if loop.phase is Phase.RECOVER and loop.phase_at else -math.inf
+    if loop.holding() and sent_at - 2 * horizon >= max(loop.resumed(), climbing):
         # Two horizons of sending without a pause: on fixed windows the last
         # one can hold the end of one window and the start of the next (up
-        # to twice the limit); the two's mean cannot.
+        # to twice the limit); the two's mean cannot. (Not once a drop's
+        # halved rate is one of them: that horizon sent less than allowed.)
         two = log.measured(sent_at - 2 * horizon, sent_at, accepted=True, extra=flying)
         edge = min(edge, two)
     elif loop.phase is Phase.PROBE:

@@ -74,10 +74,9 @@ class AdaptiveTuning:
     #: burst reads up to half again its rate over one second (nginx's 20 r/s
     #: ``burst=10`` reads 28), and random 503s there should not slow it further.
     overcount_steps: int = 2
-    #: ...but once this many sends since sending resumed after the cut have
-    #: answered and half were refused, no faster than those accepted came (a
-    #: token bucket's stored burst read as its rate: nginx's ``rate=20r/s
-    #: burst=40 nodelay`` kept 40/s for a second, 27 refusals in 40 s, 10 with
+    #: ...but once this many sends since sending resumed after the cut have answered and half were
+    #: refused, no faster than those accepted came (a token bucket's stored burst read as its rate:
+    #: nginx's ``rate=20r/s burst=40 nodelay`` kept 40/s for a second, 27 refusals in 40 s, 10 with
     #: this; a burst refilled while paused confirms an edge the same way).
     spent_fewest: int = 6
     #: ...or, of twice as many, this share (a bucket held a third above its rate;
@@ -93,6 +92,13 @@ class AdaptiveTuning:
     near_cap: float = 0.15
     #: An edge below this share of one that had held means the limit dropped.
     moved: float = 0.8
+    #: Refused at the edge after this many horizons held below it unrefused, the
+    #: limit may have dropped where the refusal cannot tell: resume at this share
+    #: of the target for ``drop_horizons``, then climb back (a drop to half is
+    #: followed in 2.75 s, not 4.25 s; a jostle costs a horizon of sends).
+    drop_held: float = 5.0
+    drop_cut: float = 0.5
+    drop_horizons: float = 2.0
     #: A hold below a long window's edge may grow to this many of its windows
     #: (``max_hold`` would probe a minute's window every window, and each failed
     #: probe costs a refusal: 1.7 % of its sends); a rise is then followed
@@ -190,12 +196,11 @@ class AdaptiveTuning:
     # -- closed servers --------------------------------------------------------------
     #: The first wait after a knock is refused (seconds); it doubles per knock.
     closed_wait: float = 0.5
-    #: The windows limits are set in (seconds): a window that opens at its
-    #: first request (``limits``' fixed windows, HAProxy's periods) or lets go
-    #: of it after its length (a sliding one) frees up that long after the run
-    #: began. A closed server is knocked on just after the next of these since
-    #: the run began, not after a doubled wait: knocks at 2.7, 3.7, 5.7, 9.7 and
-    #: 17.7 s read a fixed 10 s window as 17.7 s long (57 % of its rate).
+    #: The windows limits are set in (seconds): a window that opens at its first request
+    #: (``limits``' fixed windows, HAProxy's periods) or lets go of it after its length (a sliding
+    #: one) frees up that long after the run began. A closed server is knocked on just after the
+    #: next of these since the run began, not after a doubled wait: knocks at 2.7, 3.7, 5.7, 9.7
+    #: and 17.7 s read a fixed 10 s window as 17.7 s long (57 % of its rate).
     round_windows: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
     #: ...that share of the window after it (a clock's or a network's
     #: difference; the window read is as much longer, its rate as much lower).
@@ -208,41 +213,36 @@ class AdaptiveTuning:
     # -- errors ----------------------------------------------------------------------
     #: Fewest outcomes before the overload share is judged.
     overload_fewest: int = 10
-    #: In the opening search up, errors this many times the overload share
-    #: among the last ``overload_fewest`` outcomes cut too: a limit that
-    #: answers with errors (nginx's 503) refuses most of a doubled rate's
-    #: sends, and cuts after 5 errors, not 10. Only there: random errors at
-    #: 10 %, answered faster than a queueing server's acceptances, make such
-    #: runs often enough to cut the rate again and again.
+    #: In the opening search up, errors this many times the overload share among the last
+    #: ``overload_fewest`` outcomes cut too: a limit that answers with errors (nginx's 503) refuses
+    #: most of a doubled rate's sends, and cuts after 5 errors, not 10. Only there: random errors
+    #: at 10 %, answered faster than a queueing server's acceptances, make such runs often enough
+    #: to cut the rate again and again.
     overload_run: float = 2.0
-    #: In the opening search up, an error with another among the last this
-    #: many outcomes (its own included) is shown to the leaky bucket's judge:
-    #: a bucket refuses most of a doubled rate's sends, where random errors
-    #: at 5 % come so paired once in about 100 outcomes (one alone, at the
-    #: first send after a doubling, had the scope paced at half the rate).
+    #: In the opening search up, an error with another among the last this many outcomes (its own
+    #: included) is shown to the leaky bucket's judge: a bucket refuses most of a doubled rate's
+    #: sends, where random errors at 5 % come so paired once in about 100 outcomes (one alone, at
+    #: the first send after a doubling, had the scope paced at half the rate).
     opening_pair: int = 3
-    #: Errors that cut the opening, past this many acceptances in a row and
-    #: most of the outcomes from the first of them, are a limit's refusals:
-    #: its edge is measured as a 429's would be (nginx's 1 r/s ``burst=5
-    #: nodelay`` at 503: 6 refusals in 40 s, where an overload cut, a cut
-    #: too shallow and a search up from no edge made 14). Random errors at
-    #: 10 % so placed took the scope to 1/s for 20 s one run in 10 before.
+    #: Errors that cut the opening, past this many acceptances in a row and most of the outcomes
+    #: from the first of them, are a limit's refusals: its edge is measured as a 429's would be
+    #: (nginx's 1 r/s ``burst=5 nodelay`` at 503: 6 refusals in 40 s, where an overload cut, a cut
+    #: too shallow and a search up from no edge made 14). Random errors at 10 % so placed took the
+    #: scope to 1/s for 20 s one run in 10 before.
     opening_clean: int = 5
-    #: Errors among the first ``recut_fewest`` answers to sends past an
-    #: overload cut's echoes that cut again at once, from what got through
-    #: since that cut: the cut was too shallow (nginx's 1 r/s ``burst=5
-    #: nodelay`` at 503 refused 3.5/s for 3 s, 8 refusals, before the 10
-    #: outcomes ``overload_fewest`` asks for came). Random errors at the
-    #: share that cut (25 %) make 3 of 4 one time in 20.
+    #: Errors among the first ``recut_fewest`` answers to sends past an overload cut's echoes that
+    #: cut again at once, from what got through since that cut: the cut was too shallow (nginx's
+    #: 1 r/s ``burst=5 nodelay`` at 503 refused 3.5/s for 3 s, 8 refusals, before the 10 outcomes
+    #: ``overload_fewest`` asks for came). Random errors at the share that cut (25 %) make 3 of 4
+    #: one time in 20.
     recut_fewest: int = 4
     recut_errors: int = 3
     #: Seconds over which the send rate that an overload cut starts from is measured.
     overload_rate_span: float = 2.0
-    #: When less than this share of those sends got through, the cut goes no
-    #: higher than ``error_margin`` below what did: a limit that refuses most
-    #: sends lets through what it allows, and cutting by ``overload_cut`` per
-    #: run of errors took seconds of refusals at a few per second (nginx's
-    #: 1 r/s at 503: 3.5, 2.45, 1.7, 1.2 and 0.84/s, 37 refusals in a minute).
+    #: When less than this share of those sends got through, the cut goes no higher than
+    #: ``error_margin`` below what did: a limit that refuses most sends lets through what it
+    #: allows, and cutting by ``overload_cut`` per run of errors took seconds of refusals at a few
+    #: per second (nginx's 1 r/s at 503: 3.5, 2.45, 1.7, 1.2 and 0.84/s, 37 refusals in a minute).
     #: Random errors and a struggling server let more than half through.
     overload_got: float = 0.5
     #: The slowest rate an overload cut goes to (requests per second).
