@@ -263,7 +263,7 @@ def in_flight_limit(
     )
     if verdict is Verdict.DISPROVED:
         logger.debug(
-            "scope %s: refused at %d in flight, below the limit found or at its cap: "
+            "scope %s: refused with %d still in flight, below the limit found or at its cap: "
             "no limit on requests in flight",
             scope.name,
             flying,
