@@ -349,7 +349,9 @@ def _measure(
         # horizon would read the rest of a stored burst as a rate).
         edge = min(edge, log.measured(loop.cut_at, sent_at, accepted=True))
     # (Climbing back from a possible drop, sending at the climb's rate.)
-    climbing = loop.phase_at if loop.phase is Phase.RECOVER and loop.phase_at else -math.inf
+    climbing = (
+        loop.phase_at if loop.phase is Phase.RECOVER and loop.phase_at is not None else -math.inf
+    )
     if loop.holding() and sent_at - 2 * horizon >= max(loop.resumed(), climbing):
         # Two horizons of sending without a pause: on fixed windows the last
         # one can hold the end of one window and the start of the next (up

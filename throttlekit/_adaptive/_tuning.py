@@ -95,7 +95,7 @@ class AdaptiveTuning:
     #: Refused at the edge after this many horizons held below it unrefused, the
     #: limit may have dropped where the refusal cannot tell: resume at this share
     #: of the target for ``drop_horizons``, then climb back (a drop to half is
-    #: followed in 2.75 s, not 4.25 s; a jostle costs a horizon of sends).
+    #: followed in 2.75 s, not 4.25 s; a jostle costs two horizons of sends).
     drop_held: float = 5.0
     drop_cut: float = 0.5
     drop_horizons: float = 2.0
