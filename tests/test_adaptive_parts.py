@@ -17,6 +17,7 @@ from throttlekit._adaptive._edge import set_edge
 from throttlekit._adaptive._errors import ErrorJudge
 from throttlekit._adaptive._inflight import InFlightLimit, Verdict
 from throttlekit._adaptive._parts import Parts
+from throttlekit._adaptive._paused import own_pause
 from throttlekit._adaptive._phase import Event, Phase, next_phase
 from throttlekit._adaptive._rate import RateLoop
 from throttlekit._adaptive._response import Kind, classify, quota_spent
@@ -918,6 +919,32 @@ def test_a_refusal_held_briefly_or_not_at_the_edge_resumes_at_the_target(
     set_edge(loop, _view(), edge, edge, wait, now, 0.0, Phase.HOLD)
     assert loop.rate == pytest.approx(loop.target)
     assert "dropped" not in loop.reason
+
+
+def test_a_refusal_the_clients_own_pause_explains_is_no_drop_and_widens_no_margin() -> None:
+    # An httpx client's full collection of 45 ms at 9.6/s against 10 per
+    # sliding second: the sends before it left late, and the window that
+    # still held them a second later refused one at the edge held long.
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 10.0, 11.0, 1.0, 2.0, 0.0, Phase.START)
+    loop.rate = 9.6
+    assert own_pause(loop, (0.5, 0.045))
+    assert own_pause(loop, (1.04, 0.045))  # the window still held the late sends
+    assert not own_pause(loop, (1.2, 0.045))  # a horizon on, they had left it
+    assert not own_pause(loop, (0.5, 0.003))  # shorter than the 4 ms the pace leaves
+    assert not own_pause(loop, None)
+    margin = loop.margin
+    assert not set_edge(loop, _view(), 10.0, 10.0, 1.0, 20.0, 0.0, Phase.HOLD, own=True)
+    assert loop.rate == pytest.approx(loop.target)
+    assert loop.margin == margin
+    assert "after a pause of this process" in loop.reason
+    # Without the pause, the same refusal widens the margin.
+    set_edge(loop, _view(), 10.0, 10.0, 1.0, 21.0, 0.0, Phase.HOLD)
+    assert loop.margin > margin
+
+
+def test_no_edge_known_no_pause_explains_a_refusal() -> None:
+    assert not own_pause(RateLoop(Adaptive()), (0.5, 0.045))
 
 
 def test_a_refusal_after_a_pause_is_not_counted_from_the_cut_through_the_pause() -> None:

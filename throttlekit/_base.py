@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
-from . import _clock
+from . import _clock, _pauses
 from . import scopes as _scopes
 from ._checks import check_number
 from ._controller import Feedback
@@ -328,6 +328,7 @@ class BaseLimiter:
 
     def _make_feedback(self, granted_at: float, **fields: Any) -> Feedback:
         fields["sent_at"] = granted_at
+        fields["paused"] = _pauses.last_before(granted_at)
         if fields["latency"] is None:
             fields["latency"] = max(0.0, self._local.now() - granted_at)
         body = fields.pop("body", None)

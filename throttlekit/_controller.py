@@ -106,6 +106,11 @@ class Feedback:
     :param sent_at: when the request was sent (the grant time, limiter clock).
     :param scopes: the scopes this feedback is for; ``None`` means all the
         permit's scopes.
+    :param paused: this process's last long pause (a garbage collection of
+        5 ms or more) before the send, as ``(seconds from its end to the
+        send, its length)``; ``None`` if none is known. Kept once an
+        :class:`Adaptive` is configured: a pause delays the sends granted
+        before it, and a limit may refuse one sent up to a window after it.
     """
 
     status: int | None = None
@@ -117,6 +122,7 @@ class Feedback:
     adjust_delay: bool = True
     sent_at: float | None = None
     scopes: frozenset[str] | None = None
+    paused: tuple[float, float] | None = None
 
 
 class ScopeView(Protocol):

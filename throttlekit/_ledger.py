@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from . import _pauses
 from ._backoff import Backoff, BackoffState
 from ._errors import ScopeStalled
 from ._policy import ScopePolicy
@@ -348,7 +349,7 @@ class ScopeLedger:
         concurrency = self.concurrency
         if concurrency is not None and self.in_flight >= concurrency:
             return INF
-        ready = self.next_send_at
+        ready = self._paced_at()
         if self.blocked_until > ready:
             ready = self.blocked_until
         slots = self.slot_times
@@ -368,7 +369,7 @@ class ScopeLedger:
         Its delay, a server block and its quota count; concurrency (freed by
         a release at any moment) and slot delays do not, unlike :meth:`ready_at`.
         """
-        ready = self.next_send_at
+        ready = self._paced_at()
         if self.blocked_until > ready:
             ready = self.blocked_until
         if self.policy.quota is not None and cost > 0.0:
@@ -376,6 +377,19 @@ class ScopeLedger:
             if quota_ready > ready:
                 ready = quota_ready
         return ready
+
+    def _paced_at(self) -> float:
+        """When the delay lets the next request go: from the last send, or, where a pause
+        of this process held that send, from the pause's end (:func:`_pauses.left_by`).
+
+        A controlled scope paces a server's limit: sent bunched with the next
+        one, the held send can be refused a window later (see ``Feedback.paused``).
+        """
+        at = self.next_send_at
+        if self.controllers and self.delay and at > -INF:
+            last = self.last_send
+            at += _pauses.left_by(last) - last
+        return at
 
     def stalled(self, cost: float, now: float) -> ScopeStalled | None:
         """The :class:`ScopeStalled` error of a request of ``cost`` that would wait for

@@ -8,6 +8,7 @@ The parts, each in its own module:
 * ``_phase`` -- the rate loop's phases and the events that move it;
 * ``_rate`` -- the rate loop's state (edge, target, margin, hold); ``_edge`` -- placing a new edge;
 * ``_throttle`` -- deciding on a refusal; ``_overload`` -- deciding on an overload error;
+* ``_paused`` -- whether the client's own pause explains a refusal (``throttlekit._pauses``);
 * ``_advance`` -- moving the rate along its phase as time passes;
 * ``_closure`` -- closed servers, knocks and long windows;
 * ``_errors`` -- the judge of random, overload and limit errors;

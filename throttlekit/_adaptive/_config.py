@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from .. import _pauses
 from .._checks import above_zero_below_one, at_least_one, positive
 from ._tuning import AdaptiveTuning
 
@@ -72,6 +73,7 @@ class Adaptive:
     def __attrs_post_init__(self) -> None:
         if self.hold > self.max_hold:
             raise ValueError(f"hold ({self.hold!r}) must not exceed max_hold ({self.max_hold!r})")
+        _pauses.watch()  # (a refusal the client's own pause explains is not the server's)
 
     def controller(self, policy: ScopePolicy) -> AdaptiveState:
         """Make the per-scope state for a scope with ``policy``."""

@@ -25,19 +25,20 @@ def set_edge(
     now: float,
     pause: float,
     phase: Phase,
+    *,
+    own: bool = False,
 ) -> bool:
     """A refusal in ``phase`` measured the server's ``edge``: hold below it, so long.
 
-    ``sent`` is the rate sent when refused, ``wait`` what the server told to
-    wait, ``pause`` a wait decided already. Returns whether the edge is new
-    (not a confirmation of the one known).
+    ``sent``: the rate sent, ``wait``: told by the server, ``pause``: decided already, ``own``:
+    the client's own pause explains it. Returns whether the edge is new (not a confirmation).
     """
     risen, proved = loop.risen_from, loop.risen_to
     if phase is Phase.START and risen is not None and (edge <= proved or loop.near(edge, proved)):
         _climb(loop, scope, sent, now, pause)
         return False
-    held = _held_long(loop, edge, phase, wait, now)
-    edge, hold_for, confirmed = _confirm(loop, edge, wait, now, phase)
+    held = not own and _held_long(loop, edge, phase, wait, now)
+    edge, hold_for, confirmed = _confirm(loop, edge, wait, now, phase, own=own)
     loop.hold_for = _hold(loop, edge, hold_for, wait, now, confirmed=confirmed)
     loop.edge, loop.edge_held = edge, confirmed
     loop.target = edge * (1.0 - loop.margin)
@@ -45,7 +46,7 @@ def set_edge(
     # A confirmed edge is known: resume at the target; a new one from below it.
     restart = loop.config.tuning.new_edge_restart
     loop.rate = loop.target if confirmed else min(loop.target, edge * restart)
-    at, dropped = _resume(loop, now, wait, dropped=confirmed and held)
+    at, dropped = _resume(loop, now, wait, dropped=confirmed and held, own=confirmed and own)
     loop.enter(
         Event.EDGE,
         at,
@@ -67,15 +68,20 @@ def set_edge(
     return not confirmed
 
 
-def _resume(loop: RateLoop, now: float, wait: float, *, dropped: bool) -> tuple[float, str]:
+def _resume(
+    loop: RateLoop, now: float, wait: float, *, dropped: bool, own: bool
+) -> tuple[float, str]:
     """When the climb to the target starts, and what the log adds if the limit ``dropped``.
 
     Resumed at the target, a limit that dropped to half refuses again within
     the window, and that refusal's wait is a second one: the scope resumes
     at ``drop_cut`` of it, held so from when the window has let go of the
-    sends before the refusal, for ``drop_horizons``.
+    sends before the refusal, for ``drop_horizons``. A confirmation the
+    client's ``own`` pause explains resumes at the target.
     """
     at = max(now, loop.blocked_until)
+    if own:
+        return at, ", after a pause of this process"
     if not dropped:
         return at, ""
     tuning = loop.config.tuning
@@ -107,13 +113,14 @@ def _held_long(loop: RateLoop, edge: float, phase: Phase, wait: float, now: floa
 
 
 def _confirm(
-    loop: RateLoop, edge: float, wait: float, now: float, phase: Phase
+    loop: RateLoop, edge: float, wait: float, now: float, phase: Phase, *, own: bool
 ) -> tuple[float, float, bool]:
     """Whether ``edge`` confirms the known one; the edge, and the hold it starts from.
 
     The count varies by a request with how sends cross the second's
     boundary: within that it confirms the edge, and the edge stays what the
-    server has let through. An edge a search up found confirms none.
+    server has let through. An edge a search up found confirms none. A
+    confirmation that the client's ``own`` pause explains widens no margin.
     """
     risen, proved = loop.risen_from, loop.risen_to
     old, hold_for = loop.edge, loop.hold_for
@@ -136,7 +143,7 @@ def _confirm(
     if confirmed:
         assert old is not None
         edge = max(edge, old)
-    if confirmed and not stored and phase in (Phase.RECOVER, Phase.HOLD):
+    if confirmed and not stored and not own and phase in (Phase.RECOVER, Phase.HOLD):
         loop.margin = _widened(loop, edge, wait)
     elif confirmed and not stored and phase is Phase.PROBE and loop.rate <= edge:
         # A probe refused before it passed the edge: the narrower margin it

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ._inflight import Verdict
 from ._parts import Parts
+from ._paused import own_pause
 from ._phase import Event, Phase
 from ._throttle import in_flight_limit, on_throttle
 
@@ -76,7 +77,8 @@ def _judged_a_limit(
     if not limit:
         return False
     if holding and not _hold_errors(parts, sent_at):
-        _widen(parts, scope, sent_at, now)
+        if not own_pause(loop, parts.paused):  # (the client's own pause: no margin wider)
+            _widen(parts, scope, sent_at, now)
         return False
     errors.hold_cuts += holding
     if errors.hold_cuts > parts.config.tuning.hold_cuts:

@@ -31,6 +31,7 @@ class Parts:
         "errors",
         "inflight",
         "log",
+        "paused",
         "rate_loop",
         "spacing",
     )
@@ -46,6 +47,9 @@ class Parts:
         self.inflight = InFlightLimit(tuning)
         self.spacing = Spacing(config)
         self.concurrency_loop = ConcurrencyLoop(tuning, policy.concurrency)
+        #: Of the answer being judged: this process's last long pause before
+        #: its send (``Feedback.paused``); not state, so not in ``PARTS``.
+        self.paused: tuple[float, float] | None = None
 
     def get_state(self) -> dict[str, Any]:
         """Each part's state, by part."""

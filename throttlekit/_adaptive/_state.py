@@ -88,6 +88,7 @@ class AdaptiveState(Parts):
             self.closures.begin(sent_at)
             loop.resumed_at = sent_at
         kind = classify(feedback)
+        self.paused = feedback.paused
         info = feedback.rate_limit
         if info is not None:
             loop.longest_reset = longest_reset(info, loop.longest_reset)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ._edge import set_edge
 from ._inflight import Verdict
 from ._parts import Parts
+from ._paused import own_pause
 from ._phase import Phase
 
 if TYPE_CHECKING:
@@ -48,11 +49,9 @@ def on_throttle(
         parts, scope, flying, sent_at, now, wait
     ):
         return
-    tuning = parts.config.tuning
     flying, slow = _flying_in_horizon(parts, scope, flying, sent_at)
     sent, edge = _measure(parts, sent_at, flying, slow=slow, recount=not error)
-    pause = 0.0
-    loop.cut_at = now
+    pause, loop.cut_at = 0.0, now
     closures.cut()
     if closed:
         pause = closures.close(loop.cut_at, now)
@@ -62,9 +61,11 @@ def on_throttle(
         if slow:
             _measure_later(parts, sent_at, sent, edge, now, wait)
             return
+    config = parts.config
     if edge <= 0:
-        edge = max(min(loop.rate, sent) * parts.config.overload_cut, tuning.min_estimate)
-    if set_edge(loop, scope, edge, sent, wait, now, pause, loop.phase):
+        edge = max(min(loop.rate, sent) * config.overload_cut, config.tuning.min_estimate)
+    own = own_pause(loop, parts.paused)
+    if set_edge(loop, scope, edge, sent, wait, now, pause, loop.phase, own=own):
         parts.errors.new_edge()
     if pause:  # (closed: the knock goes when the pause ends, not later at the rate cut)
         loop.rate = max(loop.rate, 1.0 / pause)
@@ -171,7 +172,8 @@ def _note_gap(parts: Parts, sent_at: float, now: float, wait: float) -> bool:
     loop = parts.rate_loop
     if wait or loop.horizon > parts.config.tuning.edge_horizon:
         return False
-    parts.spacing.refused(sent_at, now, stepped=loop.leaky and loop.phase is Phase.START)
+    if not own_pause(loop, parts.paused):  # (a gap the client's own pause shortened)
+        parts.spacing.refused(sent_at, now, stepped=loop.leaky and loop.phase is Phase.START)
     return True
 
 
@@ -224,7 +226,13 @@ def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> N
 
 
 def _echo(
-    parts: Parts, scope: ScopeView, sent_at: float, now: float, wait: float, *, closed: bool
+    parts: Parts,
+    scope: ScopeView,
+    sent_at: float,
+    now: float,
+    wait: float,
+    *,
+    closed: bool,
 ) -> None:
     """An echo of the last cut measures no edge; if nothing got through since, wait a horizon.
 
