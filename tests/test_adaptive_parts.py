@@ -659,10 +659,31 @@ def test_refusals_at_the_cap_once_it_held_disprove_a_limit_in_flight() -> None:
         assert detector.refused(4, sent_at, sent_at, log) is Verdict.NOTHING
     log = _log(*((19.0 + (i + 0.5) / 20, True) for i in range(20)))
     assert detector.refused(4, 20.0, 20.0, log) is Verdict.FOUND  # at a rate that differs
-    # A shared backend's counts read high: there, refusals at the cap say nothing.
+    # A shared backend's counts may read high: there, refusals at the cap
+    # lower it by one first, and refusals at the lowered cap disprove it.
     detector = found(exact=False)
     verdicts = [detector.refused(4, at, at, _log(), exact=False) for at in (10.3, 10.4, 10.5)]
-    assert verdicts == [Verdict.KNOWN] * 3
+    assert verdicts == [Verdict.KNOWN, Verdict.KNOWN, Verdict.FOUND]
+    assert detector.count == 3
+    assert detector.refused(3, 10.45, 10.6, _log(), exact=False) is Verdict.KNOWN  # sent before
+    verdicts = [detector.refused(3, at, at, _log(), exact=False) for at in (10.7, 10.8, 10.9)]
+    assert verdicts == [Verdict.KNOWN, Verdict.KNOWN, Verdict.DISPROVED]
+    assert detector.count is None
+
+
+def test_three_processes_sharing_nginx_limit_conn_lower_a_count_their_leases_read_high() -> None:
+    # Through Redis, nginx's limit_conn 4 read 5, 5 and 5 leases in flight:
+    # capped at 5, about 50 refusals came at that cap in 6 s.
+    detector = InFlightLimit(TUNING)
+    for sent_at, accepted in ((10.0, 10), (20.0, 20), (30.0, 30)):
+        log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
+        detector.refused(5, sent_at, sent_at, log, exact=False)
+    assert detector.count == 5
+    for at in (31.0, 31.1, 31.2):
+        detector.refused(5, at, at, _log(), exact=False)
+    assert detector.count == 4
+    assert detector.refused(4, 31.1, 31.3, _log(), exact=False) is Verdict.KNOWN
+    assert detector.count == 4
 
 
 def test_errors_are_only_counted_until_judged() -> None:

@@ -75,6 +75,7 @@ class InFlightLimit(SlotState):
         "count",
         "found",
         "found_at",
+        "lowered",
         "refusals",
         "refuted",
     )
@@ -86,6 +87,7 @@ class InFlightLimit(SlotState):
         self.found = 0  # the count it was found at (it may show one lower since)
         self.found_at = 0.0  # when the cap at ``count`` took hold
         self.capped = 0  # refusals at the cap of requests sent since
+        self.lowered = False  # whether refusals at the cap lowered an inexact count found
         self.refuted = False  # whether refusals at a cap disproved a limit found
         self.bound = False  # whether it was read at a full cap (a bound only)
         # [in flight, rate, in flight still at the refusal] of the last refusals
@@ -189,9 +191,9 @@ class InFlightLimit(SlotState):
         run), where a rate limit taken for one goes on refusing at the cap
         (a leaky bucket at 100/s, its sends up to 20 ms late, read 4, 4
         and 4 in flight, and held at 2 in flight refused 8 % of a run).
-        Only where the count is exact: a shared backend's reads high. Once
-        so refuted, refusals at one count show a limit in flight only at
-        rates that differ.
+        Where the count is not exact, the cap is first lowered (see
+        :meth:`_refused_at_cap`). Once so refuted, refusals at one count
+        show a limit in flight only at rates that differ.
         """
         if flying < self.found - self._noise(exact):  # refused below the limit found
             if not self.bound or flying < self.tuning.inflight_fewest:
@@ -203,13 +205,30 @@ class InFlightLimit(SlotState):
         if flying < self.count:  # a count read high: the cap let one too many through
             self.count, self.found_at, self.capped = flying, now, 0
             return Verdict.FOUND
-        if exact and sent_at > self.found_at:
+        if sent_at > self.found_at:
             self.capped += 1
             if self.capped >= self.tuning.inflight_refusals:
-                self._disproved()
-                self.refuted = True
-                return Verdict.DISPROVED
+                return self._refused_at_cap(now, exact=exact)
         return Verdict.KNOWN
+
+    def _refused_at_cap(self, now: float, *, exact: bool) -> Verdict:
+        """Refusals at the cap of requests sent once it held: a rate limit's, or a count read high.
+
+        Where the count is exact, they disprove the limit. Where it is not,
+        the count found may have read high by ``inflight_noise`` (three
+        processes sharing nginx's ``limit_conn 4`` through Redis found 5 or
+        6 from their leases, and about 50 refusals came at that cap in 6 s):
+        the cap is lowered by that, once, and refusals at the lowered cap
+        disprove it.
+        """
+        assert self.count is not None
+        lower = self.count - self._noise(exact)
+        if exact or self.lowered or lower < self.tuning.inflight_fewest:
+            self._disproved()
+            self.refuted = True
+            return Verdict.DISPROVED
+        self.count, self.found_at, self.capped, self.lowered = lower, now, 0, True
+        return Verdict.FOUND
 
     def _disproved(self) -> None:
         """Not (only) a limit on requests in flight."""
@@ -234,7 +253,7 @@ class InFlightLimit(SlotState):
     def _found(self, count: int, cap: int | None, now: float) -> None:
         """``count`` is the limit: only a bound if read with the concurrency ``cap`` full."""
         self.count = self.found = count
-        self.found_at, self.capped = now, 0
+        self.found_at, self.capped, self.lowered = now, 0, False
         self.bound = cap is not None and count + 1 >= cap
 
     def _noise(self, exact: bool) -> int:
