@@ -19,7 +19,6 @@ virtual clock stands still during one, so no pause is seen there).
 from __future__ import annotations
 
 import gc
-from collections import deque
 from typing import Any
 
 from ._clock import now_or_monotonic
@@ -38,12 +37,14 @@ SEND_LAG = 0.005
 #: How many recent pauses are kept: a refusal asks about the last second or two.
 KEPT = 16
 
-_pauses: deque[tuple[float, float]] = deque(maxlen=KEPT)  # (ended at, seconds long)
+# (ended at, seconds long), oldest first. A tuple, replaced whole: a collection
+# can start at any allocation, in any thread, even while a reader walks it.
+_pauses: tuple[tuple[float, float], ...] = ()
 _started = 0.0
 
 
 def _on_collect(phase: str, info: dict[str, Any]) -> None:
-    global _started
+    global _pauses, _started
     if not info["generation"]:  # (the youngest's are far shorter than a long pause)
         return
     if phase == "start":
@@ -51,7 +52,7 @@ def _on_collect(phase: str, info: dict[str, Any]) -> None:
         return
     ended = now_or_monotonic()
     if ended - _started >= LONG_PAUSE:
-        _pauses.append((ended, ended - _started))
+        _pauses = (*_pauses[1 - KEPT :], (ended, ended - _started))
 
 
 def watch() -> None:
