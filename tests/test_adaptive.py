@@ -1058,6 +1058,32 @@ def test_a_rate_limit_that_answers_503_is_held_below_like_a_429(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("limit", [20, 40])
+def test_errors_past_an_edge_measured_once_a_limit_in_flight_was_disproved_are_its_refusals(
+    limit: int, backend: str
+) -> None:
+    # A sliding window answering 503, 200 ms per page: at 20/s the opening
+    # holds 4 in flight and was taken for a limit in flight, which a refusal
+    # below it disproved, measuring the edge as a rate limit's. The probe
+    # past that edge after the hold was then refused 22 times in a row (35
+    # in the minute, 51 at 40/s), its 503s weighed as random errors until
+    # their share cut for overload.
+    server = QuotaServer(
+        limit=limit,
+        window=1.0,
+        sliding=True,
+        status=503,
+        retry_after=None,
+        latency=0.2,
+        reject_latency=0.001,
+    )
+    trace = _run(server, 60.0, backend)
+    late = [r for r in trace.requests if r.sent is not None and r.sent >= 10]
+    assert sum(1 for r in late if r.status == 503) <= 6
+    assert _ok_rate(trace, 30, 60) >= 0.95 * limit
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("status", [429, 503])
 @pytest.mark.parametrize("rate", [5.0, 10.0])
 def test_a_leaky_bucket_without_burst_is_held_at_its_interval(

@@ -132,6 +132,7 @@ def _limit_shown(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> 
     flying = max(0, scope.in_flight - 1)
     verdict = in_flight_limit(parts, scope, flying, sent_at, now, judge=parts.errors.overloaded())
     if verdict is Verdict.DISPROVED:  # a rate limit's refusal, then: its edge is measured
+        parts.errors.limit_found()  # (and its errors above that edge are its refusals)
         on_throttle(parts, scope, sent_at, now, 0.0, error=True)
         return True
     return verdict.handled
