@@ -598,12 +598,18 @@ def test_leases_a_shared_backend_granted_ahead_do_not_count_as_sent_before_a_ref
     assert parts.rate_loop.edge == (22.0 if exact else 19.0)
 
 
-def test_a_refusal_just_below_an_inexact_limit_lowers_it() -> None:
+def _found_inexact(count: int) -> InFlightLimit:
+    """A limit in flight of ``count``, read from inexact counts at rates that differ."""
     detector = InFlightLimit(TUNING)
     for sent_at, accepted in ((10.0, 10), (20.0, 20), (30.0, 30)):
         log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
-        detector.refused(5, sent_at, sent_at, log, exact=False)
-    assert detector.count == 5
+        detector.refused(count, sent_at, sent_at, log, exact=False)
+    assert detector.count == count
+    return detector
+
+
+def test_a_refusal_just_below_an_inexact_limit_lowers_it() -> None:
+    detector = _found_inexact(5)
     assert detector.refused(5, 31.0, 31.0, _log(), exact=False) is Verdict.KNOWN
     assert detector.refused(4, 32.0, 32.0, _log(), exact=False) is Verdict.FOUND  # one lower
     assert detector.count == 4
@@ -674,11 +680,7 @@ def test_refusals_at_the_cap_once_it_held_disprove_a_limit_in_flight() -> None:
 def test_three_processes_sharing_nginx_limit_conn_lower_a_count_their_leases_read_high() -> None:
     # Through Redis, nginx's limit_conn 4 read 5, 5 and 5 leases in flight:
     # capped at 5, about 50 refusals came at that cap in 6 s.
-    detector = InFlightLimit(TUNING)
-    for sent_at, accepted in ((10.0, 10), (20.0, 20), (30.0, 30)):
-        log = _log(*((sent_at - 1 + (i + 0.5) / accepted, True) for i in range(accepted)))
-        detector.refused(5, sent_at, sent_at, log, exact=False)
-    assert detector.count == 5
+    detector = _found_inexact(5)
     for at in (31.0, 31.1, 31.2):
         detector.refused(5, at, at, _log(), exact=False)
     assert detector.count == 4

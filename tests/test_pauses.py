@@ -34,6 +34,11 @@ def _only_our_collections() -> Iterator[None]:
         gc.enable()
 
 
+def _adaptive_limiter() -> throttlekit.Limiter:
+    """A limiter whose default scope Adaptive paces (its opening delay: 0.25 s)."""
+    return throttlekit.Limiter(default=ScopePolicy(concurrency=None, delay=0, adaptive=Adaptive()))
+
+
 async def _collect_around_a_send() -> tuple[float, Feedback]:
     """A full collection before a grant and one while its request is in flight."""
     Adaptive()  # configuring Adaptive starts keeping them
@@ -76,9 +81,7 @@ async def test_a_send_a_collection_held_paces_the_next_from_its_end(
 ) -> None:
     # Granted before the collection and sent after it, the send would go out
     # bunched with the next one: the delay runs from the collection's end.
-    limiter = throttlekit.Limiter(
-        default=ScopePolicy(concurrency=None, delay=0, adaptive=Adaptive())
-    )
+    limiter = _adaptive_limiter()
     with _only_our_collections():
         async with limiter.acquire(URL):
             gc.collect()  # began just after the grant: the send waited for it
@@ -96,9 +99,7 @@ async def test_a_send_a_collection_held_paces_the_next_from_its_end(
 async def test_a_collection_well_after_a_grant_does_not_move_the_next(
     anyio_backend: AnyioBackend, large_heap: list[object]
 ) -> None:
-    limiter = throttlekit.Limiter(
-        default=ScopePolicy(concurrency=None, delay=0, adaptive=Adaptive())
-    )
+    limiter = _adaptive_limiter()
     with _only_our_collections():
         async with limiter.acquire(URL):
             granted = anyio.current_time()

@@ -226,13 +226,7 @@ def overcounted(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> N
 
 
 def _echo(
-    parts: Parts,
-    scope: ScopeView,
-    sent_at: float,
-    now: float,
-    wait: float,
-    *,
-    closed: bool,
+    parts: Parts, scope: ScopeView, sent_at: float, now: float, wait: float, *, closed: bool
 ) -> None:
     """An echo of the last cut measures no edge; if nothing got through since, wait a horizon.
 
