@@ -1084,6 +1084,31 @@ def test_errors_past_an_edge_measured_once_a_limit_in_flight_was_disproved_are_i
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("sliding", "latency"), [(True, 0.05), (False, 0.02), (False, 0.05)])
+def test_a_bare_503_limit_ends_the_opening_after_three_refusals_as_a_429s_after_one(
+    sliding: bool, latency: float, backend: str
+) -> None:
+    # 20/s answering a bare 503: the opening's errors were taken for a
+    # limit's once they were a quarter of at least 10 outcomes; past a long
+    # clean run that took 5 refusals, and on a fixed window, with more in
+    # flight, an overload cut, a closure and a search up from nothing: 38
+    # to 40 refusals in a minute. A bare 429 there costs 2.
+    server = QuotaServer(
+        limit=20,
+        window=1.0,
+        sliding=sliding,
+        status=503,
+        retry_after=None,
+        latency=latency,
+        reject_latency=0.001,
+    )
+    trace = _run(server, 60.0, backend)
+    opening = [r for r in trace.requests if r.sent is not None and r.sent < 10]
+    assert sum(1 for r in opening if r.status == 503) <= 5
+    assert _ok_rate(trace, 30, 60) >= 0.95 * 20
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("status", [429, 503])
 @pytest.mark.parametrize("rate", [5.0, 10.0])
 def test_a_leaky_bucket_without_burst_is_held_at_its_interval(

@@ -23,7 +23,7 @@ from throttlekit._adaptive._rate import RateLoop
 from throttlekit._adaptive._response import Kind, classify, quota_spent
 from throttlekit._adaptive._sends import SendLog
 from throttlekit._adaptive._spacing import Shown, Spacing
-from throttlekit._adaptive._throttle import on_throttle
+from throttlekit._adaptive._throttle import in_flight_limit, on_throttle
 from throttlekit.headers import RateLimitInfo
 
 PACKAGE = Path(throttlekit.__file__).parent / "_adaptive"
@@ -688,6 +688,26 @@ def test_three_processes_sharing_nginx_limit_conn_lower_a_count_their_leases_rea
     assert detector.count == 4
 
 
+def test_the_log_of_a_limit_in_flight_refined_gives_the_count_it_read_high(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # It repeated the three refusals that had found the old count, which
+    # say nothing of the new one.
+    parts = Parts(Adaptive(), POLICY)
+    parts.inflight = _found_inexact(5)
+    view = ScopeSnapshot(
+        name="api.test", policy=POLICY, delay=0.0, concurrency=5, in_flight=4, in_flight_exact=False
+    )
+    with caplog.at_level("DEBUG", logger="throttlekit.adaptive"):
+        verdict = in_flight_limit(parts, view, 4, 32.0, 32.0)
+    assert verdict is Verdict.FOUND
+    assert parts.inflight.count == 4
+    assert caplog.messages == [
+        "scope api.test: refused with 4 in flight, the 5 found reading high: "
+        "a concurrency limit of 4"
+    ]
+
+
 def test_errors_are_only_counted_until_judged() -> None:
     detector = InFlightLimit(TUNING)
     for sent_at in (10.0, 20.0, 30.0):
@@ -735,6 +755,8 @@ def test_errors_end_the_opening_only_after_a_clean_run_and_as_most_outcomes_sinc
     assert not judge_of("...." + "xxx").ended_run()  # too short a clean run
     assert not judge_of("......" + "x..x..x").ended_run()  # scattered: random ones
     assert not judge_of("..........").ended_run()  # no error at all
+    assert not judge_of("......" + "xx").ended_run()  # too few errors yet
+    assert judge_of("." * 30 + "xxx").ended_run()  # a long run: three, not a share of them all
 
 
 def test_only_errors_two_together_in_the_opening_are_shown_to_the_leaky_bucket_judge() -> None:

@@ -137,15 +137,18 @@ class ErrorJudge(SlotState):
         return sum(self.outcomes[-self.tuning.opening_pair :]) >= 2
 
     def ended_run(self) -> bool:
-        """Whether errors came only after a run of ``opening_clean`` acceptances, and most since.
+        """Whether errors came only after a run of acceptances, enough of them and most since.
 
         A limit refuses once a search up passes its edge; random errors come
-        anywhere, and seldom make most of the outcomes from the first of them.
+        anywhere, and seldom make most of the outcomes from the first of them
+        (see ``opening_clean`` and ``opening_errors``).
         """
-        outcomes = self.outcomes
+        outcomes, tuning = self.outcomes, self.tuning
         first = outcomes.index(1) if 1 in outcomes else len(outcomes)
         since = outcomes[first:]
-        return first >= self.tuning.opening_clean and 2 * sum(since) >= len(since) > 0
+        errors = sum(since)
+        enough = errors >= tuning.opening_errors
+        return first >= tuning.opening_clean and enough and 2 * errors >= len(since)
 
     def limit_found(self) -> None:
         """The errors so far were a limit's refusals: the overload share starts anew."""

@@ -99,16 +99,18 @@ def _judged_a_limit(
 def _ended_opening(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> bool:
     """Whether errors in the opening search up are a limit's refusals; then they are measured.
 
-    Two together go to the leaky bucket's judge (a bucket refuses most of a
-    doubled rate's sends, where random errors seldom come so). Past a run
-    of acceptances, and most answers since, they are taken for a limit's,
-    its edge measured before the first of them as a 429's would be (random
-    ones held lower still come: then they are found out).
+    Past a run of acceptances, enough of them and most answers since are
+    taken for a limit's, its edge measured before the first of them as a
+    429's would be (random ones held lower still come: then they are found
+    out). Until then, two together go to the leaky bucket's judge (a bucket
+    refuses most of a doubled rate's sends, where random errors seldom come
+    so); not the one that ends the opening: its edge is measured, and a gap
+    read off the opening's last sends had a sliding 5/s paced at 8/s.
     """
     errors = parts.errors
-    if errors.paired():
-        parts.spacing.refused(sent_at, now)
-    if not (errors.overloaded(opening=True) and errors.ended_run()):
+    if not errors.ended_run():
+        if errors.paired():
+            parts.spacing.refused(sent_at, now)
         return False
     logger.debug("scope %s: errors ended the opening: a rate limit", scope.name)
     errors.limit_found()

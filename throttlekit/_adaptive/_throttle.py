@@ -260,6 +260,7 @@ def in_flight_limit(
     exact = scope.in_flight_exact
     cap = scope.concurrency
     latency = parts.concurrency_loop.latency
+    before = inflight.count
     verdict = inflight.refused(
         flying, sent_at, now, parts.log, cap=cap, judge=judge, exact=exact, latency=latency
     )
@@ -280,13 +281,11 @@ def in_flight_limit(
     assert count is not None
     parts.concurrency_loop.cap(count)
     parts.rate_loop.cap(count, now)
-    logger.debug(
-        "scope %s: refused at %s in flight, at %s/s: a concurrency limit of %d",
-        scope.name,
-        inflight.counts(),
-        inflight.rates(),
-        count,
-    )
+    if before is None:
+        how = f"at {inflight.counts()} in flight, at {inflight.rates()}/s"
+    else:  # (refined: the counts that found it say nothing of the new count)
+        how = f"with {flying} in flight, the {before} found reading high"
+    logger.debug("scope %s: refused %s: a concurrency limit of %d", scope.name, how, count)
     return verdict
 
 

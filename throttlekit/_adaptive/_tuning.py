@@ -224,12 +224,12 @@ class AdaptiveTuning:
     #: sends, where random errors at 5 % come so paired once in about 100 outcomes (one alone, at
     #: the first send after a doubling, had the scope paced at half the rate).
     opening_pair: int = 3
-    #: Errors that cut the opening, past this many acceptances in a row and most of the outcomes
-    #: from the first of them, are a limit's refusals: its edge is measured as a 429's would be
-    #: (nginx's 1 r/s ``burst=5 nodelay`` at 503: 6 refusals in 40 s, where an overload cut, a cut
-    #: too shallow and a search up from no edge made 14). Random errors at 10 % so placed took the
-    #: scope to 1/s for 20 s one run in 10 before.
+    #: Errors in the opening past this many acceptances in a row, ``opening_errors`` of them and
+    #: most outcomes since, are a limit's refusals, measured as a 429's (not once a share of 10
+    #: outcomes: 5 refusals past a long clean run; bare-503 windows at 5-40/s made 391, now 301).
+    #: Random errors at 10 % so placed took the scope to 1/s for 20 s one run in 10 before.
     opening_clean: int = 5
+    opening_errors: int = 3
     #: Errors among the first ``recut_fewest`` answers to sends past an overload cut's echoes that
     #: cut again at once, from what got through since that cut: the cut was too shallow (nginx's
     #: 1 r/s ``burst=5 nodelay`` at 503 refused 3.5/s for 3 s, 8 refusals, before the 10 outcomes
