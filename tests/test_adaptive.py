@@ -105,6 +105,19 @@ def _run(
     return simulate(policy, server, burst(URL, 8000), duration=duration, seed=seed, backend=backend)  # type: ignore[arg-type]
 
 
+def _bare_503_window(limit: int, *, sliding: bool, latency: float) -> QuotaServer:
+    """``limit`` per second, refused with a 503 in 1 ms that tells no wait (nginx's default)."""
+    return QuotaServer(
+        limit=limit,
+        window=1.0,
+        sliding=sliding,
+        status=503,
+        retry_after=None,
+        latency=latency,
+        reject_latency=0.001,
+    )
+
+
 # -- policy limits --------------------------------------------------------------------
 
 
@@ -1068,16 +1081,7 @@ def test_errors_past_an_edge_measured_once_a_limit_in_flight_was_disproved_are_i
     # past that edge after the hold was then refused 22 times in a row (35
     # in the minute, 51 at 40/s), its 503s weighed as random errors until
     # their share cut for overload.
-    server = QuotaServer(
-        limit=limit,
-        window=1.0,
-        sliding=True,
-        status=503,
-        retry_after=None,
-        latency=0.2,
-        reject_latency=0.001,
-    )
-    trace = _run(server, 60.0, backend)
+    trace = _run(_bare_503_window(limit, sliding=True, latency=0.2), 60.0, backend)
     late = [r for r in trace.requests if r.sent is not None and r.sent >= 10]
     assert sum(1 for r in late if r.status == 503) <= 6
     assert _ok_rate(trace, 30, 60) >= 0.95 * limit
@@ -1093,16 +1097,7 @@ def test_a_bare_503_limit_ends_the_opening_after_three_refusals_as_a_429s_after_
     # clean run that took 5 refusals, and on a fixed window, with more in
     # flight, an overload cut, a closure and a search up from nothing: 38
     # to 40 refusals in a minute. A bare 429 there costs 2.
-    server = QuotaServer(
-        limit=20,
-        window=1.0,
-        sliding=sliding,
-        status=503,
-        retry_after=None,
-        latency=latency,
-        reject_latency=0.001,
-    )
-    trace = _run(server, 60.0, backend)
+    trace = _run(_bare_503_window(20, sliding=sliding, latency=latency), 60.0, backend)
     opening = [r for r in trace.requests if r.sent is not None and r.sent < 10]
     assert sum(1 for r in opening if r.status == 503) <= 5
     assert _ok_rate(trace, 30, 60) >= 0.95 * 20
@@ -1262,10 +1257,7 @@ def test_a_fixed_windows_run_of_503_refusals_is_one_refusal_not_an_overload(
     # echoes of one refusal still counted toward the overload share, ten of
     # them cut for overload, and the test began again every three seconds
     # (80 % of the limit, 14 % refused over the second half).
-    server = QuotaServer(
-        limit=50, window=1.0, status=503, latency=0.05, reject_latency=0.001, retry_after=None
-    )
-    trace = _run(server, 120.0, backend)
+    trace = _run(_bare_503_window(50, sliding=False, latency=0.05), 120.0, backend)
     assert _ok_rate(trace, 60, 120) >= 0.95 * 50
     assert _late_share(trace, 503) < 0.01
 
