@@ -200,6 +200,19 @@ def test_a_window_frees_when_its_oldest_acceptance_leaves() -> None:
     assert log.window_frees(in_flight=0, allowed=12, window=1.0) is None
 
 
+def test_below_a_long_windows_edge_the_answer_just_logged_is_not_also_counted_in_flight() -> None:
+    # The answer that moves the loop is in the log and still in flight when
+    # the loop asks whether the window has room: counted twice, HAProxy's
+    # 10 per 2 s (read over 2.25 s) was held to 11 sends in 2.44 s, 4.5/s.
+    loop = RateLoop(Adaptive())
+    loop.long_window(_view(), 2.0, 10, 0.0)  # 10 per 2 s: 5/s
+    log = _log(*((i * 0.1, True) for i in range(10)))
+    loop.keep_window(_view(in_flight=1), log)  # the answer of 0.9, logged already
+    assert loop.blocked_until == pytest.approx(2.0)  # the 11th when the first leaves
+    loop.keep_window(_view(in_flight=2), log)  # and one more truly in flight
+    assert loop.blocked_until == pytest.approx(2.1)
+
+
 # -- a leaky bucket without burst -------------------------------------------------------------
 
 

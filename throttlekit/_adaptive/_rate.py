@@ -211,13 +211,13 @@ class RateLoop(SlotState):
         after a probe went above it (the window still holds the probe's sends,
         and new ones replace them only as fast as they leave): so while
         recovering and holding, a send waits until the window (counted from
-        the sends of the last one, those in flight included) has room.
+        the sends of the last one, those in flight included) has room. The
+        answer that asks is in the log already, and still counted in flight.
         """
-        edge = self.edge
+        edge, horizon = self.edge, self.horizon
         if edge is None:
             return
-        horizon = self.horizon
-        frees = log.window_frees(scope.in_flight, whole(edge * horizon), horizon)
+        frees = log.window_frees(max(0, scope.in_flight - 1), whole(edge * horizon), horizon)
         if frees is not None:
             self.block(frees)
 
