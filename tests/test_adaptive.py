@@ -550,6 +550,31 @@ def test_haproxy_periods_longer_than_a_second_are_held_near_their_rate(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("server", "rate"),
+    [
+        (HAProxyRate(limit=20, period=10.0, retry_after=None, latency=0.02), 2.0),
+        (QuotaServer(limit=30, window=10.0, retry_after=None, latency=0.05), 3.0),
+    ],
+    ids=["haproxy-20-per-10s", "fixed-30-per-10s"],
+)
+def test_a_windows_echoes_of_a_refused_probe_leave_the_edge_it_measured(
+    server: ServerModel, rate: float, backend: str
+) -> None:
+    # A probe refused by a window of 10 s at a bare 429: the window still
+    # holds the probe's sends (HAProxy's counts the refused ones too), so
+    # the scope closes for a few seconds. Reopened, it searched up again
+    # from no edge, was refused at once and measured a lower edge: HAProxy
+    # was refused 48 times in five minutes (8.9 %) and held at 83 % over
+    # the second half, the fixed window 43 times (4.9 %) at 92.7 %. The
+    # edge the probe measured stands now: 23 (4.2 %) at 94.3 %, and 17
+    # (1.9 %) at 98.2 %.
+    trace = _run(server, 300.0, backend)
+    assert _ok_rate(trace, 150, 300) >= 0.93 * rate
+    assert _refused(trace) < 0.05
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_nginx_503s_in_the_opening_show_its_leaky_bucket(backend: str) -> None:
     # 5 r/s without burst, at nginx's default 503: the opening's errors came
     # to the leaky bucket's judge only as overload, so the scope cut to

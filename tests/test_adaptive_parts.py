@@ -831,6 +831,18 @@ def test_a_closed_server_is_waited_for_longer_each_time_up_to_the_longest_hold()
     assert closures.closed_at == 5.0
 
 
+def test_a_closure_is_of_echoes_only_while_every_refusal_in_it_was_one() -> None:
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.close(5.0, 5.5, echo=True)
+    closures.close(5.0, 6.5, echo=True)
+    assert closures.echoes  # the cut's own sends, still in the window
+    closures.close(5.0, 8.5)
+    assert not closures.echoes  # a knock past them refused too: the limit moved
+    closures.open()
+    closures.close(9.0, 9.5, echo=True)
+    assert closures.echoes  # a new closure counts afresh
+
+
 def test_a_closed_server_is_knocked_on_just_after_round_windows_since_the_run_began() -> None:
     # A fixed 10 s window spent in its first 1.7 s: knocks at 2.7, 5.1, 10.2
     # and 15.3 s (doubled waits knock at 2.7, 3.7, 5.7, 9.7 and 17.7 s, and

@@ -25,6 +25,7 @@ class Closures(SlotState):
     __slots__ = (
         "closed_at",
         "cut_first",
+        "echoes",
         "empty",
         "max_wait",
         "ok_since_cut",
@@ -42,6 +43,7 @@ class Closures(SlotState):
         self.run_at: float | None = None  # when sending last began or reopened after a closure
         self.run_ok = 0  # requests sent since then and accepted
         self.closed_at = -INF  # when the server last closed (refusing through pauses)
+        self.echoes = False  # whether that closure's refusals were all echoes of its cut
         self.ok_since_cut = 0  # accepted since the last cut
         self.cut_first = False  # whether the last cut was the first limit a search up met
         # After a refusal that told to wait longer than the run had been open
@@ -87,8 +89,11 @@ class Closures(SlotState):
         """A told wait proved a long window: count from a cut now, the server open."""
         self.ok_since_cut = self.empty = 0
 
-    def close(self, cut_at: float, now: float) -> float:
+    def close(self, cut_at: float, now: float, *, echo: bool = False) -> float:
         """Nothing accepted since the cut at ``cut_at``: how long to wait before knocking.
+
+        ``echo``: the refusal was an echo of that cut (sent while the
+        server's window still held the sends from before it).
 
         The wait doubles per knock; it moves to just after a round window
         since the run began (:attr:`~throttlekit.AdaptiveTuning.round_windows`),
@@ -97,7 +102,8 @@ class Closures(SlotState):
         """
         tuning = self.tuning
         if not self.empty:
-            self.closed_at = cut_at
+            self.closed_at, self.echoes = cut_at, echo
+        self.echoes = self.echoes and echo
         self.empty += 1
         doubled = min(self.max_wait, tuning.closed_wait * 2.0**self.empty)
         if self.run_at is None:

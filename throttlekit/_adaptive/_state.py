@@ -169,6 +169,12 @@ class AdaptiveState(Parts):
         if window is not None:
             loop.long_window(scope, *window, now)
             return
+        if self.closures.echoes and loop.holding():
+            # Closed by the echoes of the last cut alone: a window that counts
+            # refusals too (HAProxy's) still held the probe's sends and then
+            # the echoes. The edge that cut measured stands.
+            logger.debug("scope %s: open again after the cut's echoes: holding", scope.name)
+            return
         # Closed for less time than it had been open, after a limit was
         # known: a limit that moved or a server that was down. The knocks
         # measured nothing: search up from the rate they left.

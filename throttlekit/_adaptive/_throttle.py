@@ -241,7 +241,7 @@ def _echo(
     horizon = parts.config.tuning.edge_horizon
     _note_gap(parts, sent_at, now, wait)
     if closed and sent_at >= loop.cut_at + horizon:
-        loop.block(now + parts.closures.close(loop.cut_at, now))
+        loop.block(now + parts.closures.close(loop.cut_at, now, echo=True))
     elif closed:
         loop.block(loop.cut_at + horizon)
     else:
