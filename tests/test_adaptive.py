@@ -575,6 +575,20 @@ def test_a_windows_echoes_of_a_refused_probe_leave_the_edge_it_measured(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_search_up_after_a_short_closure_reads_no_window_from_before_it(backend: str) -> None:
+    # A fixed 10 per 10 s from the first request, no headers: a search up
+    # after a short closure, refused at its first limit, read a window from
+    # when sending began (189 s), and took the refusals of a probe inside
+    # so long a horizon for echoes: the probe rose from 1/s to 6/s, refused
+    # 60 times in the last 25 s of five minutes (74 in all, 20.3 %). Now a
+    # run begins at each reopening: 10.2 s read again, 15 refusals (5.0 %).
+    server = FrameworkLimiter(limit=10, window=10.0, strategy="fixed", headers=False)
+    trace = _run(server, 300.0, backend)
+    assert _ok_rate(trace, 150, 300) >= 0.93 * 1.0
+    assert _refused(trace) < 0.07
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_nginx_503s_in_the_opening_show_its_leaky_bucket(backend: str) -> None:
     # 5 r/s without burst, at nginx's default 503: the opening's errors came
     # to the leaky bucket's judge only as overload, so the scope cut to

@@ -879,6 +879,9 @@ def test_closed_briefly_after_a_held_limit_is_not_a_long_window() -> None:
     closures.begin(0.0)
     closures.close(40.0, 40.0)
     assert closures.long_window(45.0) is None
+    # The search up after it is a new run: a window read at its first limit
+    # counts from 45 s, not from when sending began (189 s for a 10 s window).
+    assert (closures.run_at, closures.run_ok) == (45.0, 1)
 
 
 # -- the rate loop ---------------------------------------------------------------------------
@@ -1083,6 +1086,19 @@ def test_echoes_of_a_cut_are_its_own_until_a_search_up_begins() -> None:
     assert not loop.echo(11.0)
     loop.enter(Event.REOPENED, 10.2)
     assert not loop.echo(10.5)
+
+
+def test_a_probes_refusals_are_its_own_even_inside_a_long_horizon() -> None:
+    # A horizon read too long (189 s for a fixed 10 per 10 s) once took a
+    # probe's every refusal for an echo of the cut before it: the probe rose
+    # from 1/s to 6/s, refused 60 times in 25 s.
+    loop = RateLoop(Adaptive())
+    loop.horizon, loop.cut_at = 189.0, 194.0
+    loop.enter(Event.EDGE, 194.0)
+    assert loop.echo(273.0)  # holding: the window may still hold the cut's sends
+    loop.enter(Event.RECOVERED, 200.0)
+    loop.enter(Event.HELD, 270.0)
+    assert not loop.echo(273.0)
 
 
 def test_refusals_below_a_new_edge_slow_the_rate_a_few_steps_until_it_is_counted_again() -> None:

@@ -128,16 +128,16 @@ class Closures(SlotState):
         what it accepted from the start of the run (not counting this
         acceptance, which opens the next window) is what one window allows.
         ``None`` when it closed on a limit it had held, for less time (a
-        limit that moved, or a server that was down).
+        limit that moved, or a server that was down). Either way a new run
+        begins: a window read later is not counted from before this closure.
         """
-        run_at = self.run_at
+        run_at, run_ok = self.run_at, self.run_ok
         assert run_at is not None
         self.empty = 0
+        self.run_at, self.run_ok = sent_at, 1
         if not self.cut_first and sent_at - self.closed_at < self.closed_at - run_at:
             return None
-        window, accepted = sent_at - run_at, max(self.run_ok - 1, 1)
-        self.run_at, self.run_ok = sent_at, 1
-        return window, accepted
+        return sent_at - run_at, max(run_ok - 1, 1)
 
     def still_closed(self, in_flight: int) -> None:
         """A refusal: with nothing accepted since a told wait, the run goes on from before it.

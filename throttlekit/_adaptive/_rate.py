@@ -136,11 +136,11 @@ class RateLoop(SlotState):
     def echo(self, sent_at: float) -> bool:
         """Sent while the server's window still held the sends from before the last cut.
 
-        Not once a search up began after the cut: its sends go past what
-        the window held, and their refusals are its own.
+        Not once a search up or a probe began after the cut: its sends go
+        past what the window held, and their refusals are its own.
         """
         phase_at = self.phase_at
-        searching = self.phase in (Phase.START, Phase.CLIMB)
+        searching = self.phase in (Phase.START, Phase.CLIMB, Phase.PROBE)
         if searching and phase_at is not None and sent_at >= phase_at > self.cut_at:
             return False
         return sent_at - self.cut_at < self.horizon
