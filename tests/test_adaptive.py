@@ -575,6 +575,21 @@ def test_a_windows_echoes_of_a_refused_probe_leave_the_edge_it_measured(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rise_from_a_long_windows_floor_is_not_taken_back_for_a_stored_burst(
+    backend: str,
+) -> None:
+    # HAProxy's blog recipe, http_req_rate(10s) above 20, with a told wait of
+    # a second: the opening's knocks count too, so its closure reads 20 per
+    # 15.3 s (65 %). Every probe rose to the real 2/s, was refused, and the
+    # refusal after its echoes took that rise for a token bucket's stored
+    # burst: back at the floor for a minute, 70.3 % over the second half of
+    # five minutes, 20 refusals (4.7 %). Now 94.7 %, 10 refusals (1.9 %).
+    trace = _run(HAProxyRate(limit=20, period=10.0, retry_after=1), 300.0, backend)
+    assert _ok_rate(trace, 150, 300) >= 0.9 * 2.0
+    assert _refused(trace) < 0.03
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_search_up_after_a_short_closure_reads_no_window_from_before_it(backend: str) -> None:
     # A fixed 10 per 10 s from the first request, no headers: a search up
     # after a short closure, refused at its first limit, read a window from

@@ -1124,12 +1124,28 @@ def test_a_refusal_below_the_edge_a_rise_counted_was_a_stored_burst() -> None:
     loop = RateLoop(Adaptive())
     set_edge(loop, _view(), 20.0, 21.0, 0.0, 5.0, 0.0, Phase.START)
     loop.risen_from, loop.risen_hold, loop.risen_to = 20.0, 20.0, 24.0
+    loop.risen_firm = True  # counted over a second
     set_edge(loop, _view(), 27.0, 28.0, 0.0, 30.0, 0.0, Phase.START)
     loop.cut_at = 30.0
     assert loop.overcounted(30.3, 30.3)
     assert (loop.edge, loop.edge_held, loop.hold_for) == (20.0, True, 20.0)
     assert loop.risen_from is None
     assert loop.rate == pytest.approx(loop.target) == pytest.approx(19.6)
+
+
+def test_a_refusal_below_the_edge_a_rise_from_a_long_windows_floor_counted_slows_down() -> None:
+    # HAProxy's 20 per 10 s, read as 20 per 15.3 s off the opening's closure
+    # (its knocks count): the rise from there was the real limit, and going
+    # back to the floor held it at 65 % for a minute after every probe.
+    loop = RateLoop(Adaptive())
+    loop.long_window(_view(), 15.3, 20, 15.3)
+    loop.risen_from, loop.risen_hold, loop.risen_to = loop.edge, 61.2, 1.5
+    loop.risen_firm = False
+    set_edge(loop, _view(), 1.83, 1.9, 0.0, 91.7, 0.0, Phase.START)
+    loop.cut_at = 91.7
+    assert loop.overcounted(95.9, 95.9)
+    assert loop.edge == pytest.approx(1.83)  # kept: slower until it is counted again
+    assert loop.rate < loop.target
 
 
 def test_the_tuning_is_what_the_parts_use() -> None:

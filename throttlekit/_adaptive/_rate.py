@@ -55,6 +55,7 @@ class RateLoop(SlotState):
         "refine_phase",
         "refine_wait",
         "resumed_at",
+        "risen_firm",
         "risen_from",
         "risen_hold",
         "risen_to",
@@ -74,12 +75,11 @@ class RateLoop(SlotState):
         self.held_margin = config.headroom  # the margin the last hold passed at unrefused
         self.hold_for = config.hold
         self.moved_at = -INF  # when the limit last dropped
-        # The edge and hold before the limit last seemed to rise, and the
-        # rate the probe then proved, until the search up that followed has
-        # found where it is now.
+        # The edge and hold before the limit last seemed to rise (whether that
+        # edge was firm, not a long window's floor), and the rate the probe
+        # then proved, until the search up that followed found where it is.
         self.risen_from: float | None = None
-        self.risen_hold = 0.0
-        self.risen_to = 0.0
+        self.risen_hold, self.risen_firm, self.risen_to = 0.0, False, 0.0
         self.horizon = config.tuning.edge_horizon  # the server's window, as far as shown
         self.cut_at = -INF  # requests sent before this are part of the last cut
         self.resumed_at = INF  # when sending resumed after the last pause (inf: not yet)
@@ -153,15 +153,15 @@ class RateLoop(SlotState):
         search's last sends, or a count that read more than the server lets
         through (a token bucket's stored burst, which it does not refill at
         that rate). Either way, a restart step slower until the horizon ends,
-        where the next refusal counts the edge again. After a rise, that rise
-        was the stored burst: back at the edge from before it.
+        where the next refusal counts the edge again. After a rise from a
+        firm edge, that rise was the stored burst: back at the edge before it.
         """
         edge, risen = self.edge, self.risen_from
         if edge is None or not self.below_new_edge():
             return False
         if sent_at < max(self.cut_at, self.blocked_until):
             return False
-        if risen is not None:
+        if risen is not None and self.risen_firm:
             self.edge, self.edge_held, self.hold_for = risen, True, self.risen_hold
             self.risen_from = None
             self.target = risen * (1.0 - self.margin)
