@@ -102,7 +102,7 @@ class Closures(SlotState):
         """
         tuning = self.tuning
         if not self.empty:
-            self.closed_at, self.echoes = cut_at, echo
+            self.closed_at, self.echoes = cut_at, True
         self.echoes = self.echoes and echo
         self.empty += 1
         doubled = min(self.max_wait, tuning.closed_wait * 2.0**self.empty)

@@ -173,6 +173,7 @@ class AdaptiveState(Parts):
             # Closed by the echoes of the last cut alone: a window that counts
             # refusals too (HAProxy's) still held the probe's sends and then
             # the echoes. The edge that cut measured stands.
+            loop.say("open again after the cut's echoes: holding below the edge they echoed")
             logger.debug("scope %s: open again after the cut's echoes: holding", scope.name)
             return
         # Closed for less time than it had been open, after a limit was
