@@ -10,6 +10,7 @@ from ._inflight import Verdict
 from ._parts import Parts
 from ._paused import own_pause
 from ._phase import Event, Phase
+from ._sends import others_in_flight
 from ._throttle import in_flight_limit, on_throttle
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def _limit_shown(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> 
     if parts.rate_loop.phase is Phase.SPACED:
         on_throttle(parts, scope, sent_at, now, 0.0)
         return True
-    flying = max(0, scope.in_flight - 1)
+    flying = others_in_flight(scope)
     verdict = in_flight_limit(parts, scope, flying, sent_at, now, judge=parts.errors.overloaded())
     if verdict is Verdict.DISPROVED:  # a rate limit's refusal, then: its edge is measured
         parts.errors.limit_found()  # (and its errors above that edge are its refusals)

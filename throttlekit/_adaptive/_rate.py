@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._controller import SlotState
 from ._phase import Event, Phase, next_phase
-from ._sends import SendLog, whole
+from ._sends import SendLog, others_in_flight, whole
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -211,13 +211,13 @@ class RateLoop(SlotState):
         after a probe went above it (the window still holds the probe's sends,
         and new ones replace them only as fast as they leave): so while
         recovering and holding, a send waits until the window (counted from
-        the sends of the last one, those in flight included) has room. The
-        answer that asks is in the log already, and still counted in flight.
+        the sends of the last one, and the others in flight) has room: the
+        answer that asks is in the log already.
         """
         edge, horizon = self.edge, self.horizon
         if edge is None:
             return
-        frees = log.window_frees(max(0, scope.in_flight - 1), whole(edge * horizon), horizon)
+        frees = log.window_frees(others_in_flight(scope), whole(edge * horizon), horizon)
         if frees is not None:
             self.block(frees)
 

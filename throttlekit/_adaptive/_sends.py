@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import TYPE_CHECKING
 
 from .._controller import SlotState
 from ._tuning import AdaptiveTuning
 
-__all__ = ["SendLog", "whole"]
+if TYPE_CHECKING:
+    from .._controller import ScopeView
+
+__all__ = ["SendLog", "others_in_flight", "whole"]
 
 INF = math.inf
 
@@ -21,6 +25,14 @@ _HAIR = 1e-9
 def whole(count: float) -> int:
     """The whole requests in ``count``, one a hair short included."""
     return math.floor(count + _HAIR)
+
+
+def others_in_flight(scope: ScopeView) -> int:
+    """The scope's requests in flight besides the one whose answer is being judged.
+
+    That answer is counted in flight until it has been judged.
+    """
+    return max(0, scope.in_flight - 1)
 
 
 class SendLog(SlotState):

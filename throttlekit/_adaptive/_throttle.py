@@ -11,6 +11,7 @@ from ._inflight import Verdict
 from ._parts import Parts
 from ._paused import own_pause
 from ._phase import Phase
+from ._sends import others_in_flight
 
 if TYPE_CHECKING:
     from .._controller import ScopeView
@@ -32,7 +33,7 @@ def on_throttle(
     closed = closures.closed_since(loop.cut_at)
     # What the server accepted in the horizon before the refused send: those
     # that answered, and (about) those still in flight.
-    flying = max(0, scope.in_flight - 1)  # not counting the refused request itself
+    flying = others_in_flight(scope)
     closures.still_closed(flying)
     if loop.phase is Phase.SPACED:
         if _note_gap(parts, sent_at, now, wait):
