@@ -1193,6 +1193,15 @@ def test_a_slow_leaky_bucket_is_held_at_its_rate_not_half_of_it(backend: str) ->
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_leaky_bucket_slower_than_one_per_horizon_is_held_by_its_gaps(backend: str) -> None:
+    # nginx's limit_req at 30r/m (0.5 r/s): a second holds one request or
+    # none, so each probe's count read 0.42/s, "confirmed" at every probe
+    # (80 % of the rate). The probe's last gap accepted reads 0.497/s.
+    trace = _run(NginxLimitReq(rate=0.5, status=429, latency=0.05), 240.0, backend)
+    assert _ok_rate(trace, 120, 240) >= 0.9 * 0.5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("rate", [2.0, 3.0])
 def test_a_leaky_bucket_that_refuses_the_second_request_is_not_held_at_one_per_second(
     rate: float, backend: str

@@ -194,6 +194,21 @@ def test_the_pace_of_even_acceptances_is_their_spacing_not_their_count() -> None
     assert log.pace(-0.1, 0.3, TUNING.pace_fewest) == 0.0  # two: no pace
 
 
+def test_the_last_gap_accepted_is_between_the_last_two_acceptances_before_a_send() -> None:
+    # A probe at nginx's 0.5 r/s: accepted 2.4, 2.2 and 2.0 s apart, refused 1.8 s after.
+    log = _log((0.0, True), (2.4, True), (4.6, True), (5.0, False), (6.6, True), (8.4, False))
+    assert log.last_gap(8.4, least=2.0) == pytest.approx(1 / 2.0)
+    assert log.last_gap(8.4, least=0.1) == 0.0  # a shorter gap accepted once: a stored burst
+    between = _log((0.0, True), (1.0, False), (2.2, True), (3.0, False))
+    assert between.last_gap(3.5, least=2.2) == pytest.approx(1 / 2.2)  # refusals: no acceptances
+    assert _log((0.0, True), (5.0, False)).last_gap(6.0, least=1.0) == 0.0  # one: no gap
+
+
+def test_the_log_keeps_the_acceptance_before_the_last_however_long_ago() -> None:
+    log = _log((0.0, True), (5.0, True), (6.0, False))  # 0.2 r/s: five horizons apart
+    assert log.last_gap(6.0, least=5.0) == pytest.approx(1 / 5.0)
+
+
 def test_a_window_frees_when_its_oldest_acceptance_leaves() -> None:
     log = _log(*((i * 0.1, True) for i in range(10)))
     assert log.window_frees(in_flight=0, allowed=10, window=1.0) == pytest.approx(1.0)

@@ -63,9 +63,13 @@ class SendLog(SlotState):
             bisect.insort(sends, entry)
         last = self._accepted_up_to(len(sends))
         # Back from the last acceptance: a refusal a gap later must not take
-        # away what the two horizons up to it hold (see :meth:`paced`).
+        # away what the two horizons up to it hold (see :meth:`paced`), nor
+        # the acceptance before it (see :meth:`last_gap`).
         newest = sends[last - 1][0] if last else sends[-1][0]
         oldest = newest - self.horizons * horizon - 2 * latency
+        before = self._accepted_up_to(last - 1) if last else 0
+        if before:
+            oldest = min(oldest, sends[before - 1][0])
         drop = max(bisect.bisect_left(sends, [oldest]), len(sends) - self.kept)
         if drop:
             del sends[:drop]
@@ -137,6 +141,24 @@ class SendLog(SlotState):
         if len(accepted) < fewest:
             return 0.0
         return (len(accepted) - 1) / (accepted[-1] - accepted[0])
+
+    def last_gap(self, before: float, least: float) -> float:
+        """Per second, the gap between the last two acceptances sent before ``before``.
+
+        0 when there are not two, or when a gap shorter than ``least`` was
+        ever accepted (a bucket's stored burst lets a probe's gaps through
+        well below its interval). A probe climbs, so its last gap accepted
+        is its shortest: at a few requests per horizon, where a count over
+        it cannot tell 0.42/s from nginx's 0.5 r/s (held there at every
+        probe: 80 %), the finest bound on the limit the probe then passed.
+        """
+        sends = self.sends
+        end = self._accepted_up_to(bisect.bisect_left(sends, [before]))
+        start = self._accepted_up_to(end - 1) if end else 0
+        if not start:
+            return 0.0
+        gap = sends[end - 1][0] - sends[start - 1][0]
+        return 1.0 / gap if gap <= least * (1.0 + _HAIR) else 0.0
 
     def oldest(self) -> float:
         """The send instant of the oldest send the log holds (``inf``: none).

@@ -363,6 +363,8 @@ def _measure(
         edge = min(edge, two)
     elif loop.phase is Phase.PROBE:
         edge = max(edge, log.paced(sent_at, horizon, loop.resumed_at))
+        if loop.edge is not None and loop.edge * horizon < parts.config.tuning.pace_fewest:
+            edge = max(edge, log.last_gap(sent_at, parts.spacing.least))  # (a count cannot)
     elif loop.phase is Phase.CLIMB or (loop.phase is Phase.START and loop.leaky):
         # Climbing evenly after a search was refused at once (a leaky
         # bucket's sign), or searching up in a leaky bucket's steps: the
