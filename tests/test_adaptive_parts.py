@@ -1087,6 +1087,22 @@ def test_an_overload_cut_goes_below_what_got_through_when_most_sends_were_refuse
     assert loop.rate == pytest.approx(8.0 * Adaptive().overload_cut)
 
 
+def test_a_slow_edges_hold_grows_past_the_longest_to_as_many_sends() -> None:
+    loop, at = RateLoop(Adaptive()), 5.0
+    set_edge(loop, _view(), 0.5, 1.0, 0.0, at, 0.0, Phase.START)
+    holds = []
+    for _ in range(6):
+        at += 200.0
+        set_edge(loop, _view(), 0.5, 1.0, 0.0, at, 0.0, Phase.PROBE)
+        holds.append(loop.hold_for)
+    assert holds == [20.0, 40.0, 80.0, 120.0, 120.0, 120.0]  # 60 sends at 0.5/s
+    set_edge(loop, _view(), 2.0, 4.0, 0.0, at + 200.0, 0.0, Phase.START)
+    for _ in range(4):
+        at += 200.0
+        set_edge(loop, _view(), 2.0, 4.0, 0.0, at + 200.0, 0.0, Phase.PROBE)
+    assert loop.hold_for == Adaptive().max_hold  # faster than one per second: max_hold
+
+
 def test_a_told_wait_makes_the_hold_long_enough_that_a_probe_costs_little() -> None:
     loop = RateLoop(Adaptive())
     set_edge(loop, _view(), 10.0, 14.0, 0.5, 5.0, 0.0, Phase.START)

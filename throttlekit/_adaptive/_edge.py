@@ -244,12 +244,13 @@ def _hold(
     move back), and no sooner than ``moved_sends`` sends apart. Never
     shorter than the server's window: a probe before the window has let go
     of the last one's sends would be judged by them. At most ``max_hold``,
-    or a few windows of a long one (each of its failed probes costs a
-    refusal, and a probe every window would cost one per window).
+    or a few windows of a long one, or ``max_hold`` sends at a slow edge
+    (each failed probe costs a refusal: one per window, or per few sends).
     """
     config = loop.config
     tuning = config.tuning
-    longest = max(config.max_hold, tuning.long_window_holds * loop.horizon)
+    sends = config.max_hold * tuning.slow_edge / edge
+    longest = max(config.max_hold, tuning.long_window_holds * loop.horizon, sends)
     if now - loop.moved_at <= config.max_hold:
         hold = max(tuning.moved_hold * config.hold, tuning.moved_sends / edge)
     else:

@@ -74,10 +74,9 @@ class AdaptiveTuning:
     #: burst reads up to half again its rate over one second (nginx's 20 r/s
     #: ``burst=10`` reads 28), and random 503s there should not slow it further.
     overcount_steps: int = 2
-    #: ...but once this many sends since sending resumed after the cut have answered and half were
-    #: refused, no faster than those accepted came (a token bucket's stored burst read as its rate:
-    #: nginx's ``rate=20r/s burst=40 nodelay`` kept 40/s for a second, 27 refusals in 40 s, 10 with
-    #: this; a burst refilled while paused confirms an edge the same way).
+    #: ...but once this many sends since sending resumed after the cut have answered and half
+    #: were refused, no faster than those accepted came (a stored burst read as a rate: nginx's
+    #: ``rate=20r/s burst=40 nodelay``: 27 refusals in 40 s, 10 with this).
     spent_fewest: int = 6
     #: ...or, of twice as many, this share (a bucket held a third above its rate;
     #: 50/s ``burst=50`` behind 5 ms of jitter: 58 refusals in 40 s, 16 with it).
@@ -100,10 +99,11 @@ class AdaptiveTuning:
     drop_cut: float = 0.5
     drop_horizons: float = 2.0
     #: A hold below a long window's edge may grow to this many of its windows
-    #: (``max_hold`` would probe a minute's window every window, and each failed
-    #: probe costs a refusal: 1.7 % of its sends); a rise is then followed
-    #: within five windows.
+    #: (a failed probe costs a refusal: each window, 1.7 % of a minute's sends);
+    #: a rise is then followed within five windows. ...Below an edge of this many
+    #: per second, to ``max_hold`` of its sends (one each ``max_hold``: 6 % at 0.5 r/s).
     long_window_holds: float = 4.0
+    slow_edge: float = 1.0
     #: Seconds: a quota the headers count whose reset is at most this far is
     #: spread evenly over its window (what a window of seconds or minutes sees
     #: best); a longer one, an hourly quota, is spent as it comes (the work is
