@@ -215,6 +215,15 @@ def test_a_window_frees_when_its_oldest_acceptance_leaves() -> None:
     assert log.window_frees(in_flight=0, allowed=12, window=1.0) is None
 
 
+def test_the_pause_after_a_long_windows_refusal_counts_the_refused_send_too() -> None:
+    loop = RateLoop(Adaptive())
+    loop.pause_for_excess(10.5, 10.0, 0.0, 0.0)  # a second's window: half a request over
+    assert loop.blocked_until == pytest.approx(0.05)
+    loop.long_window(_view(), 10.0, 20, 0.0)  # 20 per 10 s: HAProxy's may count refusals
+    loop.pause_for_excess(2.1, 2.0, 0.0, 0.0)  # one over, and the refused one
+    assert loop.blocked_until == pytest.approx(1.0)
+
+
 def test_below_a_long_windows_edge_the_answer_just_logged_is_not_also_counted_in_flight() -> None:
     # The answer that moves the loop is in the log and still in flight when
     # the loop asks whether the window has room: counted twice, HAProxy's

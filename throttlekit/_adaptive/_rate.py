@@ -148,18 +148,15 @@ class RateLoop(SlotState):
     def overcounted(self, sent_at: float, now: float) -> bool:
         """Whether an echo of a new edge's cut may show the edge over-counted; then slow down.
 
-        Sent below the edge after the window had let go of what went out
-        above it, and refused all the same: a sliding window still holding a
-        search's last sends, or a count that read more than the server lets
-        through (a token bucket's stored burst, which it does not refill at
-        that rate). Either way, a restart step slower until the horizon ends,
-        where the next refusal counts the edge again. After a rise from a
-        firm edge, that rise was the stored burst: back at the edge before it.
+        Sent below the edge after the window let go of what went out above
+        it, and refused: a sliding window still holding a search's last
+        sends, or a token bucket's stored burst counted as a rate. A restart
+        step slower until the horizon ends, where the next refusal counts
+        the edge again; after a rise from a firm edge, back at that edge.
         """
         edge, risen = self.edge, self.risen_from
-        if edge is None or not self.below_new_edge():
-            return False
-        if sent_at < max(self.cut_at, self.blocked_until):
+        start = max(self.cut_at, self.blocked_until)
+        if edge is None or not self.below_new_edge() or sent_at < start:
             return False
         if risen is not None and self.risen_firm:
             self.edge, self.edge_held, self.hold_for = risen, True, self.risen_hold
@@ -196,9 +193,14 @@ class RateLoop(SlotState):
         return 1.0 - (1.0 - 1.0 / count) * (1.0 - self.config.headroom)
 
     def pause_for_excess(self, sent: float, edge: float, now: float, pause: float) -> None:
-        """Block until the server's window has let go of what went out above the edge."""
+        """Block until the server's window has let go of what went out above the edge.
+
+        A window longer than the horizon may count the refused send too (not
+        counted, HAProxy's ``http_req_rate(20s)`` refused the next few: 74 %).
+        """
         horizon = self.horizon
         excess = (sent - edge) * horizon
+        excess += excess > 0 and horizon > self.config.tuning.edge_horizon
         if excess > 0:
             pause = max(pause, min(horizon, excess / edge))
         if pause:
@@ -208,11 +210,10 @@ class RateLoop(SlotState):
         """Below the edge of a long window, send only as it lets go of earlier sends.
 
         The rate alone keeps a sliding window at its limit for a whole window
-        after a probe went above it (the window still holds the probe's sends,
-        and new ones replace them only as fast as they leave): so while
-        recovering and holding, a send waits until the window (counted from
-        the sends of the last one, and the others in flight) has room: the
-        answer that asks is in the log already.
+        after a probe went above it (new sends replace the probe's only as
+        fast as they leave): so while recovering and holding, a send waits
+        until the window (the acceptances of the last one, and the others in
+        flight: the answer that asks is in the log already) has room.
         """
         edge, horizon = self.edge, self.horizon
         if edge is None:
@@ -260,11 +261,10 @@ class RateLoop(SlotState):
         """The server counts its quota in headers (remaining, reset): they pace the scope.
 
         The scope's backoff keeps no more in flight than remains and waits
-        for the reset when nothing does; the rate loop stands aside until a
-        refusal comes that the headers do not explain, spreading what remains
-        evenly over a window long enough to pace by (``pace`` seconds between
-        sends, from :func:`~throttlekit._backoff.stated_pace`). ``rate`` is
-        the quota per second when the headers state its window.
+        for the reset; the rate loop stands aside until a refusal the headers
+        do not explain, pacing ``pace`` seconds apart (from
+        :func:`~throttlekit._backoff.stated_pace`). ``rate``: the quota per
+        second when the headers state its window.
         """
         reason = None
         if self.phase is not Phase.STATED or self.edge != rate:
