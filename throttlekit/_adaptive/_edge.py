@@ -249,8 +249,8 @@ def _hold(
     """
     config = loop.config
     tuning = config.tuning
-    sends = config.max_hold * tuning.slow_edge / edge
-    longest = max(config.max_hold, tuning.long_window_holds * loop.horizon, sends)
+    as_sends = config.max_hold * tuning.slow_edge / edge  # (seconds: max_hold sends)
+    longest = max(config.max_hold, tuning.long_window_holds * loop.horizon, as_sends)
     if now - loop.moved_at <= config.max_hold:
         hold = max(tuning.moved_hold * config.hold, tuning.moved_sends / edge)
     else:
