@@ -625,6 +625,26 @@ def test_a_search_up_after_a_short_closure_reads_no_window_from_before_it(backen
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("limit", "window", "seconds"), [(30, 20.0, 300.0), (100, 60.0, 600.0)])
+def test_a_fixed_window_without_headers_is_probed_by_whole_windows(
+    limit: int, window: float, seconds: float, backend: str
+) -> None:
+    # Fixed windows from the first request, no headers (Flask-Limiter's
+    # defaults). 30 per 20 s: knocks went from 15.3 s to 30.6 s and read the
+    # window 30.6 s long. Read right, a probe's count over the window held
+    # the end of the window before too (the first one "rose" to 2.6/s at
+    # 100 per 60 s), and its closure to the window's end was taken for a
+    # limit that moved: 75.1 % and 24 refusals, 76.8 % and 25. A window that
+    # lets go having taken what the long window read is now known fixed,
+    # its probes confirm the edge, and only a whole window above it is a
+    # rise: 95.6 % and 13 (2.9 %), 94.8 % and 17 (1.7 %).
+    server = FrameworkLimiter(limit=limit, window=window, strategy="fixed", headers=False)
+    trace = _run(server, seconds, backend)
+    assert _ok_rate(trace, seconds / 2, seconds) >= 0.93 * limit / window
+    assert _refused(trace) < 0.035
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_nginx_503s_in_the_opening_show_its_leaky_bucket(backend: str) -> None:
     # 5 r/s without burst, at nginx's default 503: the opening's errors came
     # to the leaky bucket's judge only as overload, so the scope cut to

@@ -24,6 +24,7 @@ from throttlekit._adaptive._response import Kind, classify, quota_spent
 from throttlekit._adaptive._sends import SendLog
 from throttlekit._adaptive._spacing import Shown, Spacing
 from throttlekit._adaptive._throttle import in_flight_limit, on_throttle
+from throttlekit._adaptive._window import keep_window, long_window
 from throttlekit.headers import RateLimitInfo
 
 PACKAGE = Path(throttlekit.__file__).parent / "_adaptive"
@@ -219,7 +220,7 @@ def test_the_pause_after_a_long_windows_refusal_counts_the_refused_send_too() ->
     loop = RateLoop(Adaptive())
     loop.pause_for_excess(10.5, 10.0, 0.0, 0.0)  # a second's window: half a request over
     assert loop.blocked_until == pytest.approx(0.05)
-    loop.long_window(_view(), 10.0, 20, 0.0)  # 20 per 10 s: HAProxy's may count refusals
+    long_window(loop, _view(), 10.0, 20, 0.0)  # 20 per 10 s: HAProxy's may count refusals
     loop.pause_for_excess(2.1, 2.0, 0.0, 0.0)  # one over, and the refused one
     assert loop.blocked_until == pytest.approx(1.0)
 
@@ -229,11 +230,11 @@ def test_below_a_long_windows_edge_the_answer_just_logged_is_not_also_counted_in
     # the loop asks whether the window has room: counted twice, HAProxy's
     # 10 per 2 s (read over 2.25 s) was held to 11 sends in 2.44 s, 4.5/s.
     loop = RateLoop(Adaptive())
-    loop.long_window(_view(), 2.0, 10, 0.0)  # 10 per 2 s: 5/s
+    long_window(loop, _view(), 2.0, 10, 0.0)  # 10 per 2 s: 5/s
     log = _log(*((i * 0.1, True) for i in range(10)))
-    loop.keep_window(_view(in_flight=1), log)  # the answer of 0.9, logged already
+    keep_window(loop, _view(in_flight=1), log)  # the answer of 0.9, logged already
     assert loop.blocked_until == pytest.approx(2.0)  # the 11th when the first leaves
-    loop.keep_window(_view(in_flight=2), log)  # and one more truly in flight
+    keep_window(loop, _view(in_flight=2), log)  # and one more truly in flight
     assert loop.blocked_until == pytest.approx(2.1)
 
 
@@ -870,14 +871,22 @@ def test_a_closure_is_of_echoes_only_while_every_refusal_in_it_was_one() -> None
 def test_a_closed_server_is_knocked_on_just_after_round_windows_since_the_run_began() -> None:
     # A fixed 10 s window spent in its first 1.7 s: knocks at 2.7, 5.1, 10.2
     # and 15.3 s (doubled waits knock at 2.7, 3.7, 5.7, 9.7 and 17.7 s, and
-    # read it as 17.7 s long: 57 % of its rate).
+    # read it as 17.7 s long: 57 % of its rate). No round window is skipped:
+    # knocks kept to the doubled pace went from 15.3 to 30.6 s and read a
+    # fixed 30 per 20 s as 30.6 s long (75 % of its rate in five minutes).
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.begin(0.0)
+    knocks, now = [], 1.7
+    for _ in range(7):
+        now += closures.close(1.7, now)
+        knocks.append(round(now, 2))
+    assert knocks == [2.7, 5.1, 10.2, 15.3, 20.4, 30.6, 61.2]
     closures = Closures(TUNING, max_wait=60.0)
     closures.begin(0.0)
     knocks, now = [], 1.7
     for _ in range(4):
         now += closures.close(1.7, now)
         knocks.append(round(now, 2))
-    assert knocks == [2.7, 5.1, 10.2, 15.3]
     # One accepted after a round knock reopens the server (after a doubled
     # wait, only once two knocks were refused).
     assert closures.accepted(10.2, cut_at=1.7)
@@ -886,6 +895,44 @@ def test_a_closed_server_is_knocked_on_just_after_round_windows_since_the_run_be
     closures = Closures(TUNING, max_wait=60.0)
     closures.begin(0.0)
     assert [closures.close(130.0, 130.0 + t) for t in (0.0, 1.0, 3.0)] == [1, 2, 4]
+
+
+def test_a_closure_is_within_a_window_while_it_lasts_no_longer() -> None:
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.begin(0.0)
+    closures.close(57.3, 59.6)
+    assert closures.within(20.4, 63.0)  # a fixed window a probe spent at 57.3 s
+    assert not closures.within(20.4, 78.0)  # closed longer than the window
+
+
+def test_refusals_in_a_row_after_sends_got_through_past_a_cut_are_no_echoes() -> None:
+    # HAProxy counts refusals too: held at 2.03/s against 2.0/s, every
+    # refusal within the 15.3 s horizon of the cut was taken for an echo of
+    # it, and the scope sent on into the counter for 12 s, 24 refusals.
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.begin(0.0)
+    closures.cut()
+    assert not closures.refused(2)  # an echo of the cut: nothing through since
+    assert not closures.refused(2)
+    closures.accepted(1.0, cut_at=0.5)
+    assert not closures.refused(2)  # one refusal after sends got through: may be an echo
+    assert closures.refused(2)  # a second in a row: the window filled again
+    closures.cut()
+    assert not closures.refused(2)  # counted afresh from the new cut
+
+
+def test_a_window_that_lets_go_having_taken_what_the_long_window_read_is_a_fixed_one() -> None:
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.begin(0.0)
+    for sent_at in range(100):
+        closures.accepted(sent_at / 40, cut_at=-math.inf)
+    closures.close(2.5, 2.5)
+    assert closures.long_window(61.2) == (61.2, 99)
+    assert not closures.fixed_window(91)  # another count (HAProxy's period, read long)
+    assert not closures.fixed
+    assert closures.fixed_window(98)  # within a request or 5 %: a fixed window
+    assert closures.fixed
+    assert closures.fixed_window(70)  # and it stays one
 
 
 def test_closed_longer_than_it_was_open_is_a_long_window() -> None:
@@ -1178,7 +1225,7 @@ def test_a_refusal_below_the_edge_a_rise_from_a_long_windows_floor_counted_slows
     # (its knocks count): the rise from there was the real limit, and going
     # back to the floor held it at 65 % for a minute after every probe.
     loop = RateLoop(Adaptive())
-    loop.long_window(_view(), 15.3, 20, 15.3)
+    long_window(loop, _view(), 15.3, 20, 15.3)
     loop.risen_from, loop.risen_hold, loop.risen_to = loop.edge, 61.2, 1.5
     loop.risen_firm = False
     set_edge(loop, _view(), 1.83, 1.9, 0.0, 91.7, 0.0, Phase.START)

@@ -132,13 +132,19 @@ def _probe(parts: Parts, scope: ScopeView, elapsed: float, now: float, ceiling: 
     edge = loop.edge
     span = max(tuning.probe_span, loop.horizon)  # a long window accepts a burst until it fills
     accepted = log.measured(now - span, now, accepted=True)
-    rising = edge is not None and accepted > tuning.risen_share * edge
+    # A fixed window's count over the horizon holds the end of the window
+    # before too: one opened in the probe takes it above the edge until it
+    # fills (100 per 60 s "rose" to 2.6/s). Only a probe above it for a
+    # whole horizon unrefused shows a rise there.
+    shown = elapsed >= loop.horizon or not parts.closures.fixed
+    rising = shown and edge is not None and accepted > tuning.risen_share * edge
     if rising:
         # No more than their pace, which at a few per second is the finer
         # count (the pace alone would read a burst as a rate).
         accepted = min(accepted, log.pace(now - span, now, tuning.pace_fewest) or accepted)
     if (
-        edge is not None
+        rising
+        and edge is not None
         and accepted > tuning.risen_share * edge
         and accepted * span >= tuning.risen_fewest
     ):

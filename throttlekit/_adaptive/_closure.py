@@ -27,12 +27,15 @@ class Closures(SlotState):
         "cut_first",
         "echoes",
         "empty",
+        "fixed",
         "max_wait",
         "ok_since_cut",
+        "refused_run",
         "run_at",
         "run_ok",
         "told_wait",
         "tuning",
+        "window_took",
     )
     STATE = tuple(name for name in __slots__ if name not in ("tuning", "max_wait"))
 
@@ -44,7 +47,12 @@ class Closures(SlotState):
         self.run_ok = 0  # requests sent since then and accepted
         self.closed_at = -INF  # when the server last closed (refusing through pauses)
         self.echoes = False  # whether that closure's refusals were all echoes of its cut
+        # Whether the server's window let go of a probe's sends only at its
+        # end (a fixed window): counts over the horizon may hold two windows.
+        self.fixed = False
+        self.window_took = 0  # what the last long window read accepted
         self.ok_since_cut = 0  # accepted since the last cut
+        self.refused_run = 0  # refused in a row since the last of them
         self.cut_first = False  # whether the last cut was the first limit a search up met
         # After a refusal that told to wait longer than the run had been open
         # (or the opening's, told a horizon or longer): [when the run began,
@@ -74,6 +82,7 @@ class Closures(SlotState):
             self.run_ok += 1
         if sent_at > cut_at:
             self.ok_since_cut += 1
+            self.refused_run = 0
             return self.empty > 0
         return False
 
@@ -83,7 +92,17 @@ class Closures(SlotState):
 
     def cut(self) -> None:
         """A cut: count what gets through from now."""
-        self.ok_since_cut = 0
+        self.ok_since_cut = self.refused_run = 0
+
+    def refused(self, runs: int) -> bool:
+        """A refusal; whether it ends a run of ``runs`` since sends got through after the cut.
+
+        Such a run is no echo of the cut: the window had room after it and
+        filled again, so the rate is above its limit (HAProxy, which counts
+        refusals too, refused 2.03/s for 12 s as echoes of a cut at 2.0/s).
+        """
+        self.refused_run += 1
+        return self.ok_since_cut > 0 and self.refused_run >= runs
 
     def restart(self) -> None:
         """A told wait proved a long window: count from a cut now, the server open."""
@@ -97,8 +116,8 @@ class Closures(SlotState):
 
         The wait doubles per knock; it moves to just after a round window
         since the run began (:attr:`~throttlekit.AdaptiveTuning.round_windows`),
-        where most windows free up, when one is within a factor of
-        ``round_stretch`` of it.
+        where most windows free up, when one is no later than
+        ``round_stretch`` times it.
         """
         tuning = self.tuning
         if not self.empty:
@@ -108,12 +127,10 @@ class Closures(SlotState):
         doubled = min(self.max_wait, tuning.closed_wait * 2.0**self.empty)
         if self.run_at is None:
             return doubled
-        stretch = tuning.round_stretch
-        soonest = max(tuning.closed_wait, doubled / stretch)
         for window in tuning.round_windows:
             wait = self.run_at + window * (1.0 + tuning.round_margin) - now
-            if wait >= soonest:
-                return wait if wait <= stretch * doubled else doubled
+            if wait >= tuning.closed_wait:
+                return wait if wait <= tuning.round_stretch * doubled else doubled
         return doubled
 
     def open(self, *, first: bool = False) -> None:
@@ -137,7 +154,25 @@ class Closures(SlotState):
         self.run_at, self.run_ok = sent_at, 1
         if not self.cut_first and sent_at - self.closed_at < self.closed_at - run_at:
             return None
-        return sent_at - run_at, max(run_ok - 1, 1)
+        self.window_took = max(run_ok - 1, 1)
+        return sent_at - run_at, self.window_took
+
+    def within(self, window: float, sent_at: float) -> bool:
+        """Whether an acceptance sent at ``sent_at`` ends a closure shorter than ``window``."""
+        return sent_at - self.closed_at <= window
+
+    def fixed_window(self, took: int) -> bool:
+        """Whether a window that let go at the end of a closure took what the long one read did.
+
+        Then it is a fixed window (it let go of them all at its end), and it
+        is so from now (:attr:`fixed`). A window counted over another length
+        (HAProxy's period counter, read from knocks it counted too) takes
+        another count.
+        """
+        self.fixed = self.fixed or abs(took - self.window_took) <= max(
+            1.0, self.tuning.fixed_share * self.window_took
+        )
+        return self.fixed
 
     def still_closed(self, in_flight: int) -> None:
         """A refusal: with nothing accepted since a told wait, the run goes on from before it.

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from .._controller import SlotState
 from ._phase import Event, Phase, next_phase
-from ._sends import SendLog, others_in_flight, whole
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -206,22 +205,6 @@ class RateLoop(SlotState):
         if pause:
             self.block(now + pause)
 
-    def keep_window(self, scope: ScopeView, log: SendLog) -> None:
-        """Below the edge of a long window, send only as it lets go of earlier sends.
-
-        The rate alone keeps a sliding window at its limit for a whole window
-        after a probe went above it (new sends replace the probe's only as
-        fast as they leave): so while recovering and holding, a send waits
-        until the window (the acceptances of the last one, and the others in
-        flight: the answer that asks is in the log already) has room.
-        """
-        edge, horizon = self.edge, self.horizon
-        if edge is None:
-            return
-        frees = log.window_frees(others_in_flight(scope), whole(edge * horizon), horizon)
-        if frees is not None:
-            self.block(frees)
-
     def measure_later(self, sent: float, estimate: float, now: float, wait: float) -> None:
         """A slow server refused at ``sent`` per second: count the edge once its answers are in.
 
@@ -231,29 +214,6 @@ class RateLoop(SlotState):
         self.rate = min(self.rate, self.target, estimate)
         self.enter(Event.SLOW_REFUSAL, now, f"throttled at {sent:.3g}/s, measuring the edge")
         self.resumed_at = max(now + wait, self.blocked_until)
-
-    def long_window(self, scope: ScopeView, window: float, accepted: float, now: float) -> None:
-        """The server's window is ``window`` seconds, in which it accepted ``accepted``.
-
-        The average rate over it is the edge, held for about a window before
-        probing; edges are counted, probes judged and echoes told over it.
-        """
-        config = self.config
-        edge = accepted / window
-        self.edge, self.edge_held = edge, False
-        self.target = edge * (1.0 - self.margin)
-        self.rate = min(self.target, edge * config.tuning.new_edge_restart)
-        self.hold_for = min(config.max_hold, max(config.hold, window))
-        self.horizon = window
-        self.enter(
-            Event.LONG_WINDOW,
-            now,
-            f"closed for a long window: a window of {window:.3g} s, edge {edge:.3g}/s, "
-            f"holding {self.hold_for:g} s",
-        )
-        logger.debug(
-            "scope %s: closed for a long window of %.1f s: %.3f/s over it", scope.name, window, edge
-        )
 
     def stated_quota(
         self, scope: ScopeView, rate: float | None, pace: float | None, now: float

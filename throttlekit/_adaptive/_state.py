@@ -14,6 +14,7 @@ from ._parts import Parts
 from ._response import SERVER_ERROR, Kind, classify, quota_spent
 from ._spaced import judge_spacing
 from ._throttle import on_throttle, refine
+from ._window import keep_window, reopened
 
 if TYPE_CHECKING:
     from .._controller import Feedback, ScopeView
@@ -125,7 +126,7 @@ class AdaptiveState(Parts):
         judge_spacing(self, scope, now)
         advance(self, scope, now)
         if loop.horizon > self.config.tuning.edge_horizon and loop.holding():
-            loop.keep_window(scope, self.log)
+            keep_window(loop, scope, self.log)
 
     def _read_quota(
         self,
@@ -162,25 +163,8 @@ class AdaptiveState(Parts):
 
     def _accepted(self, scope: ScopeView, sent_at: float, now: float) -> None:
         """An accepted answer; after a closure, it tells a long window from a limit that moved."""
-        loop = self.rate_loop
-        if not self.closures.accepted(sent_at, loop.cut_at):
-            return
-        window = self.closures.long_window(sent_at)
-        if window is not None:
-            loop.long_window(scope, *window, now)
-            return
-        if self.closures.echoes and loop.holding():
-            # Closed by the echoes of the last cut alone: a window that counts
-            # refusals too (HAProxy's) still held the probe's sends and then
-            # the echoes. The edge that cut measured stands.
-            loop.say("open again after the cut's echoes: holding below the edge they echoed")
-            logger.debug("scope %s: open again after the cut's echoes: holding", scope.name)
-            return
-        # Closed for less time than it had been open, after a limit was
-        # known: a limit that moved or a server that was down. The knocks
-        # measured nothing: search up from the rate they left.
-        loop.search_again(now, f"open again, searching up from {loop.rate:.3g}/s")
-        logger.debug("scope %s: open again after a closure: searching up", scope.name)
+        if self.closures.accepted(sent_at, self.rate_loop.cut_at):
+            reopened(self, scope, sent_at, now)
 
     @staticmethod
     def _latency_sample(feedback: Feedback) -> bool:

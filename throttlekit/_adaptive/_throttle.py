@@ -12,6 +12,7 @@ from ._parts import Parts
 from ._paused import own_pause
 from ._phase import Phase
 from ._sends import others_in_flight
+from ._window import long_window
 
 if TYPE_CHECKING:
     from .._controller import ScopeView
@@ -31,16 +32,15 @@ def on_throttle(
     """
     loop, closures = parts.rate_loop, parts.closures
     closed = closures.closed_since(loop.cut_at)
-    # What the server accepted in the horizon before the refused send: those
-    # that answered, and (about) those still in flight.
-    flying = others_in_flight(scope)
+    flying = others_in_flight(scope)  # (about) accepted before the refusal, not answered yet
     closures.still_closed(flying)
+    past_echoes = closures.refused(parts.config.tuning.echo_runs)
     if loop.phase is Phase.SPACED:
         if _note_gap(parts, sent_at, now, wait):
             # The leaky bucket's (not an echo, nor a limit on requests in flight).
             loop.cut_at = sent_at
             return
-    elif loop.echo(sent_at):
+    elif loop.echo(sent_at) and not past_echoes:
         _echo(parts, scope, sent_at, now, wait, closed=closed)
         return
     if in_flight_limit(parts, scope, flying, sent_at, now).handled:
@@ -317,7 +317,7 @@ def _told_wait(
         if closures.run_ok + flying < (last[0] if last else accepted) / 2:
             loop.cut_at = now
             closures.restart()
-            loop.long_window(scope, reopened_at - began, accepted, now)
+            long_window(loop, scope, reopened_at - began, accepted, now)
             loop.resumed_at = max(now + wait, loop.blocked_until)
             return True
     run_at = closures.run_at
@@ -361,6 +361,11 @@ def _measure(
         # halved rate is one of them: that horizon sent less than allowed.)
         two = log.measured(sent_at - 2 * horizon, sent_at, accepted=True, extra=flying)
         edge = min(edge, two)
+    elif loop.phase is Phase.PROBE and loop.edge is not None and parts.closures.fixed:
+        # A fixed window's probe refused before it showed a rise (a horizon
+        # above the edge) confirms the edge: its count over the horizon holds
+        # the end of the window before (100 per 60 s read 2.4/s).
+        edge = min(edge, loop.edge)
     elif loop.phase is Phase.PROBE:
         edge = max(edge, log.paced(sent_at, horizon, loop.resumed_at))
         if loop.edge is not None and loop.edge * horizon < parts.config.tuning.pace_fewest:

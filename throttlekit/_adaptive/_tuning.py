@@ -44,8 +44,7 @@ class AdaptiveTuning:
     #: Seconds over which a refusal's edge is counted until the server shows a
     #: longer window: most quotas are per second.
     edge_horizon: float = 1.0
-    #: Answered sends remembered: above 128/s one request is under 1 % of a
-    #: two-horizon count, and the state stays small.
+    #: Answered sends remembered: above 128/s one is under 1 % of a two-horizon count.
     sends_kept: int = 256
     #: Horizons of answered sends the log keeps back from the last acceptance
     #: (and two latencies): what a probe's edge is counted over. Kept back from
@@ -198,26 +197,29 @@ class AdaptiveTuning:
     closed_wait: float = 0.5
     #: The windows limits are set in (seconds): a window that opens at its first request
     #: (``limits``' fixed windows, HAProxy's periods) or lets go of it after its length (a sliding
-    #: one) frees up that long after the run began. A closed server is knocked on just after the
-    #: next of these since the run began, not after a doubled wait: knocks at 2.7, 3.7, 5.7, 9.7
-    #: and 17.7 s read a fixed 10 s window as 17.7 s long (57 % of its rate).
+    #: one) frees up that long after the run began. A closed server is knocked on just after each
+    #: of these since the run began, not after a doubled wait: knocks at 2.7, 3.7, 5.7, 9.7 and
+    #: 17.7 s read a fixed 10 s window as 17.7 s long (57 % of its rate); skipping 20 s read 30
+    #: per 20 s as 30.6 s long.
     round_windows: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
     #: ...that share of the window after it (a clock's or a network's
-    #: difference; the window read is as much longer, its rate as much lower).
+    #: difference; the window read is as much longer, its rate as much lower)...
     round_margin: float = 0.02
-    #: ...when that is within this factor of the doubled wait: knocks keep
-    #: their pace, and a run that began long ago (before a ban, a limit that
-    #: moved), whose round windows are far apart, keeps the doubled waits.
-    round_stretch: float = 2.5
+    #: ...if no later than this many doubled waits (a run begun long ago keeps to those; 2.5
+    #: knocked at 7.1 s, 2.55 waits short of 10.2 s, a refusal more for every longer window).
+    round_stretch: float = 2.6
+    #: A window that let go at the end of a closure having taken the count the long window was
+    #: read with, within this share (or a request), is a fixed one.
+    fixed_share: float = 0.05
+    #: Refusals in a row, once sends got through past a cut, that are no echoes of it.
+    echo_runs: int = 2
 
     # -- errors ----------------------------------------------------------------------
     #: Fewest outcomes before the overload share is judged.
     overload_fewest: int = 10
     #: In the opening search up, errors this many times the overload share among the last
-    #: ``overload_fewest`` outcomes cut too: a limit that answers with errors (nginx's 503) refuses
-    #: most of a doubled rate's sends, and cuts after 5 errors, not 10. Only there: random errors
-    #: at 10 %, answered faster than a queueing server's acceptances, make such runs often enough
-    #: to cut the rate again and again.
+    #: ``overload_fewest`` outcomes cut too (nginx's 503s: after 5 errors, not 10). Only there:
+    #: random errors at 10 %, answered faster than acceptances, make such runs often.
     overload_run: float = 2.0
     #: In the opening search up, an error with another among the last this many outcomes (its own
     #: included) is shown to the leaky bucket's judge: a bucket refuses most of a doubled rate's
@@ -230,20 +232,18 @@ class AdaptiveTuning:
     #: Random errors at 10 % so placed took the scope to 1/s for 20 s one run in 10 before.
     opening_clean: int = 5
     opening_errors: int = 3
-    #: Errors among the first ``recut_fewest`` answers to sends past an overload cut's echoes that
-    #: cut again at once, from what got through since that cut: the cut was too shallow (nginx's
-    #: 1 r/s ``burst=5 nodelay`` at 503 refused 3.5/s for 3 s, 8 refusals, before the 10 outcomes
-    #: ``overload_fewest`` asks for came). Random errors at the share that cut (25 %) make 3 of 4
-    #: one time in 20.
+    #: Errors among the first ``recut_fewest`` answers past an overload cut's echoes that cut
+    #: again at once, from what got through since: the cut was too shallow (nginx's 1 r/s
+    #: ``burst=5 nodelay`` at 503: 8 refusals at 3.5/s before ``overload_fewest`` outcomes came).
+    #: Random errors at the share that cut (25 %) make 3 of 4 one time in 20.
     recut_fewest: int = 4
     recut_errors: int = 3
     #: Seconds over which the send rate that an overload cut starts from is measured.
     overload_rate_span: float = 2.0
     #: When less than this share of those sends got through, the cut goes no higher than
-    #: ``error_margin`` below what did: a limit that refuses most sends lets through what it
-    #: allows, and cutting by ``overload_cut`` per run of errors took seconds of refusals at a few
-    #: per second (nginx's 1 r/s at 503: 3.5, 2.45, 1.7, 1.2 and 0.84/s, 37 refusals in a minute).
-    #: Random errors and a struggling server let more than half through.
+    #: ``error_margin`` below what did: a limit lets through what it allows (cuts by
+    #: ``overload_cut`` took nginx's 1 r/s at 503 through 3.5, 2.45, 1.7, 1.2 and 0.84/s: 37
+    #: refusals in a minute). Random errors and a struggling server let more than half through.
     overload_got: float = 0.5
     #: The slowest rate an overload cut goes to (requests per second).
     min_rate: float = 0.05
