@@ -881,6 +881,12 @@ def test_a_closed_server_is_knocked_on_just_after_round_windows_since_the_run_be
         now += closures.close(1.7, now)
         knocks.append(round(now, 2))
     assert knocks == [2.7, 5.1, 10.2, 15.3, 20.4, 30.6, 61.2]
+    # Past 5 s, none goes between round windows 2.55 doubled waits apart (a
+    # knock at 7.1 s cost every longer window, 60 per minute too, a refusal).
+    closures = Closures(TUNING, max_wait=60.0)
+    closures.begin(0.0)
+    closures.close(2.5, 3.5)
+    assert closures.close(2.5, 5.1) == pytest.approx(5.1)
     closures = Closures(TUNING, max_wait=60.0)
     closures.begin(0.0)
     knocks, now = [], 1.7
@@ -987,6 +993,31 @@ def test_a_refusal_while_holding_at_the_edge_widens_the_margin() -> None:
     assert loop.margin == pytest.approx(0.118)  # 9/s with the headroom: a request below
     set_edge(loop, _view(), 10.0, 10.0, 0.0, 14.0, 0.0, Phase.HOLD)
     assert loop.margin == pytest.approx(0.236)  # past it, it doubles
+
+
+def test_between_a_margin_refused_while_holding_and_one_that_held_the_margin_bisects() -> None:
+    # nginx's 5 r/s burst=5 nodelay counts 6: held 13 % below it (5.2/s) it
+    # refused within seconds, widened to 26 % (4.4/s) it held, and each
+    # probe took it back to 13 %: 91.7 % of its rate for five minutes.
+    loop = RateLoop(Adaptive())
+    set_edge(loop, _view(), 6.0, 8.0, 0.0, 5.0, 0.0, Phase.START)
+    loop.margin = 0.13
+    set_edge(loop, _view(), 6.0, 6.0, 0.0, 8.0, 0.0, Phase.HOLD)  # refused at 13 %
+    assert loop.failed_margin == pytest.approx(0.13)
+    assert loop.margin == pytest.approx(0.26)  # nothing held wider yet: doubled
+    loop.held_margin, loop.margin = 0.26, 0.13  # held there; the probe starts at half
+    loop.rate = 7.0
+    set_edge(loop, _view(), 6.0, 7.0, 0.0, 30.0, 0.0, Phase.PROBE)  # refused past the edge
+    assert loop.margin == pytest.approx(0.195)  # halfway, not the 13 % refused while holding
+    set_edge(loop, _view(), 6.0, 6.0, 0.0, 33.0, 0.0, Phase.HOLD)  # refused there too
+    assert loop.margin == pytest.approx(0.2275)  # halfway again, below the 26 % that held
+    loop.held_margin = 0.2275
+    loop.failed_margin = 0.22
+    loop.margin = 0.11
+    set_edge(loop, _view(), 6.0, 7.0, 0.0, 60.0, 0.0, Phase.PROBE)
+    assert loop.margin == pytest.approx(0.2275)  # within margin_resolution: the one that held
+    set_edge(loop, _view(), 9.0, 10.0, 0.0, 90.0, 0.0, Phase.START)  # a new edge
+    assert loop.failed_margin == 0.0
 
 
 def test_a_second_refusal_goes_to_one_request_per_second_below_unless_told_longer() -> None:

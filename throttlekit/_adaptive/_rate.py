@@ -37,6 +37,7 @@ class RateLoop(SlotState):
         "cut_at",
         "edge",
         "edge_held",
+        "failed_margin",
         "headers_short",
         "held_margin",
         "hold_for",
@@ -72,6 +73,7 @@ class RateLoop(SlotState):
         self.target = INF  # the rate held below the edge
         self.margin = config.headroom  # how far below the edge the target is
         self.held_margin = config.headroom  # the margin the last hold passed at unrefused
+        self.failed_margin = 0.0  # the widest refused while holding below this edge
         self.hold_for = config.hold
         self.moved_at = -INF  # when the limit last dropped
         # The edge and hold before the limit last seemed to rise (whether that

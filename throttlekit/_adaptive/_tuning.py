@@ -113,15 +113,15 @@ class AdaptiveTuning:
     leaky_search: float = 1.25
     #: The widest the margin below the edge grows when refusals come while holding.
     max_margin: float = 0.5
+    #: Margins closer than this to one refused while holding are not tried.
+    margin_resolution: float = 0.02
     #: The share of the time a failed probe may cost (the server's wait after
     #: it): with the 2 % headroom and some unevenness, 95 % of the edge or more.
     probe_cost: float = 0.015
-    #: A probe's rise per second held, linear and quadratic (a convex climb:
-    #: slow near the edge, faster away from it).
+    #: A probe's rise per second held, linear and quadratic (slow near the edge, then faster).
     probe_linear: float = 0.002
     probe_quadratic: float = 0.004
-    #: Seconds over which a probe counts acceptances (at least; a long window's
-    #: horizon if longer): a long window accepts a burst until it fills.
+    #: Seconds over which a probe counts acceptances (a long window's horizon if longer).
     probe_span: float = 2.0
     #: For ``max_hold`` after a limit that had held dropped, the hold is this
     #: share of ``hold`` (it may move back: the hold, a probe and a search up
@@ -200,8 +200,8 @@ class AdaptiveTuning:
     #: one) frees up that long after the run began. A closed server is knocked on just after each
     #: of these since the run began, not after a doubled wait: knocks at 2.7, 3.7, 5.7, 9.7 and
     #: 17.7 s read a fixed 10 s window as 17.7 s long (57 % of its rate); skipping 20 s read 30
-    #: per 20 s as 30.6 s long.
-    round_windows: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+    #: per 20 s as 30.6 s long. (A knock at 3 s would cost every longer window a refusal.)
+    round_windows: tuple[float, ...] = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300)
     #: ...that share of the window after it (a clock's or a network's
     #: difference; the window read is as much longer, its rate as much lower)...
     round_margin: float = 0.02
