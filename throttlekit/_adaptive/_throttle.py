@@ -34,7 +34,8 @@ def on_throttle(
     closed = closures.closed_since(loop.cut_at)
     flying = others_in_flight(scope)  # (about) accepted before the refusal, not answered yet
     closures.still_closed(flying)
-    past_echoes = closures.refused(parts.config.tuning.echo_runs)
+    long = loop.horizon > parts.config.tuning.edge_horizon
+    past_echoes = closures.refused(parts.config.tuning.echo_runs) and long
     if loop.phase is Phase.SPACED:
         if _note_gap(parts, sent_at, now, wait):
             # The leaky bucket's (not an echo, nor a limit on requests in flight).

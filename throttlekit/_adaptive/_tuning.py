@@ -211,7 +211,7 @@ class AdaptiveTuning:
     #: A window that let go at the end of a closure having taken the count the long window was
     #: read with, within this share (or a request), is a fixed one.
     fixed_share: float = 0.05
-    #: Refusals in a row, once sends got through past a cut, that are no echoes of it.
+    #: Refusals in a row, once sends got through past a cut, that are no echoes of a long window's.
     echo_runs: int = 2
 
     # -- errors ----------------------------------------------------------------------
