@@ -40,7 +40,7 @@ from ._redis_clients import ERRORS
 from ._redis_kept import KeptFeedback
 from ._redis_leases import RedisLease
 from ._redis_link import Settle, bulk_of, describe_failure
-from ._redis_state import PolicyArgs, feedback_write, parse_states
+from ._redis_state import PolicyArgs, Write, feedback_write, parse_states
 
 if TYPE_CHECKING:
     from .._controller import Feedback
@@ -85,12 +85,24 @@ def _announces_nothing(feedback: Feedback | None) -> bool:
 class _Pending:
     """One release being prepared: each scope's arguments, the controllers' writes."""
 
-    __slots__ = ("earlier", "feedback_at", "fixed", "told", "used", "wanted", "writes")
+    __slots__ = (
+        "earlier",
+        "feedback_at",
+        "fixed",
+        "from_grant",
+        "told",
+        "used",
+        "wanted",
+        "writes",
+    )
 
     def __init__(self) -> None:
         self.used = USED  # USED, USED_EARLY or UNUSED (see RELEASE)
         self.fixed: list[bytes] = []  # per scope: its arguments but the write
         self.writes: dict[int, bytes] = {}  # per scope index: the controllers' write
+        # per scope index: a write made on the state the grant brought, and the
+        # leases in flight then (this one among them)
+        self.from_grant: dict[int, tuple[Write, int]] = {}
         # per scope index: what the controllers logged making it (told if it stands)
         self.told: dict[int, list[logging.LogRecord]] = {}
         self.wanted = False  # whether the feedback goes to some scope's controllers
@@ -102,6 +114,19 @@ class _Pending:
         """What scope ``index``'s controllers run on: what was kept, then ``feedback``."""
         assert self.feedback_at is not None
         return [*self.earlier.get(index, ()), (feedback, self.feedback_at)]
+
+
+def _without_this_lease(pending: _Pending) -> None:
+    """The lease was released before the writes stood: those made on the grant's state
+    stand with one lease fewer in flight (else each is stale at the next try, and
+    after :data:`KEEP_AFTER` tries the feedback is only kept: a new scope's first
+    feedback, with a scope whose write came with the grant, was never stored).
+    """
+    for index, (write, in_flight) in pending.from_grant.items():
+        if index in pending.writes:
+            writes = (*write, b"%d" % max(in_flight - 1, 0))
+            pending.writes[index] = b"".join(map(bulk_of, writes))
+    pending.from_grant.clear()
 
 
 class Releases:
@@ -279,6 +304,7 @@ class Releases:
             batch = pending.batch(index, feedback)
             with held_decisions() as pending.told[index]:
                 write = feedback_write(scope, policy_args, stored, batch)
+            pending.from_grant[index] = (write, stored.in_flight)
             writes = (*write, b"%d" % stored.in_flight)
             pending.writes[index] = b"".join(map(bulk_of, writes))
         wants = max(policy_args.wants(each) for each in [*(f for f, _ in earlier), feedback])
@@ -326,6 +352,7 @@ class Releases:
             assert type(decoded) is scripts.Stale
             if decoded.found is not None and freed is None:
                 freed = scripts.Released(decoded.now_ms, decoded.found)
+                _without_this_lease(pending)
             if pending.feedback_at is None:
                 pending.feedback_at = decoded.now_ms / 1000.0  # the first reading
             assert feedback is not None
@@ -333,6 +360,7 @@ class Releases:
                 break
             for stored in parse_states(decoded.states):
                 index = stored.index
+                pending.from_grant.pop(index, None)
                 batch = pending.batch(index, feedback)
                 with held_decisions() as pending.told[index]:
                     write = feedback_write(names[index], lease.policies[index], stored, batch)
