@@ -868,33 +868,33 @@ def test_a_closure_is_of_echoes_only_while_every_refusal_in_it_was_one() -> None
     assert closures.echoes  # a new closure counts afresh
 
 
-def test_a_closed_server_is_knocked_on_just_after_round_windows_since_the_run_began() -> None:
-    # A fixed 10 s window spent in its first 1.7 s: knocks at 2.7, 5.1, 10.2
-    # and 15.3 s (doubled waits knock at 2.7, 3.7, 5.7, 9.7 and 17.7 s, and
-    # read it as 17.7 s long: 57 % of its rate). No round window is skipped:
-    # knocks kept to the doubled pace went from 15.3 to 30.6 s and read a
-    # fixed 30 per 20 s as 30.6 s long (75 % of its rate in five minutes).
+def _knocked(count: int) -> tuple[Closures, list[float]]:
+    """A fixed 10 s window spent in its first 1.7 s, knocked on ``count`` times."""
     closures = Closures(TUNING, max_wait=60.0)
     closures.begin(0.0)
     knocks, now = [], 1.7
-    for _ in range(7):
+    for _ in range(count):
         now += closures.close(1.7, now)
         knocks.append(round(now, 2))
-    assert knocks == [2.7, 5.1, 10.2, 15.3, 20.4, 30.6, 61.2]
+    return closures, knocks
+
+
+def test_a_closed_server_is_knocked_on_just_after_round_windows_since_the_run_began() -> None:
+    # Knocks at 2.7, 5.1, 10.2 and 15.3 s (doubled waits knock at 2.7, 3.7,
+    # 5.7, 9.7 and 17.7 s, and read it as 17.7 s long: 57 % of its rate). No
+    # round window is skipped: knocks kept to the doubled pace went from
+    # 15.3 to 30.6 s and read a fixed 30 per 20 s as 30.6 s long (75 % of
+    # its rate in five minutes).
+    assert _knocked(7)[1] == [2.7, 5.1, 10.2, 15.3, 20.4, 30.6, 61.2]
     # Past 5 s, none goes between round windows 2.55 doubled waits apart (a
     # knock at 7.1 s cost every longer window, 60 per minute too, a refusal).
     closures = Closures(TUNING, max_wait=60.0)
     closures.begin(0.0)
     closures.close(2.5, 3.5)
     assert closures.close(2.5, 5.1) == pytest.approx(5.1)
-    closures = Closures(TUNING, max_wait=60.0)
-    closures.begin(0.0)
-    knocks, now = [], 1.7
-    for _ in range(4):
-        now += closures.close(1.7, now)
-        knocks.append(round(now, 2))
     # One accepted after a round knock reopens the server (after a doubled
     # wait, only once two knocks were refused).
+    closures, _ = _knocked(4)
     assert closures.accepted(10.2, cut_at=1.7)
     # A run that began long ago keeps the doubled waits: its round windows
     # are too far apart to say where a window ends.
