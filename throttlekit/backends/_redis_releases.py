@@ -123,10 +123,13 @@ def _without_this_lease(pending: _Pending) -> None:
     feedback, with a scope whose write came with the grant, was never stored).
     """
     for index, (write, in_flight) in pending.from_grant.items():
-        if index in pending.writes:
-            writes = (*write, b"%d" % max(in_flight - 1, 0))
-            pending.writes[index] = b"".join(map(bulk_of, writes))
+        pending.writes[index] = _encoded(write, b"%d" % max(in_flight - 1, 0))
     pending.from_grant.clear()
+
+
+def _encoded(write: Write, in_flight: bytes) -> bytes:
+    """A scope's write as RELEASE takes it: checked against ``in_flight`` leases ('' = not)."""
+    return b"".join(map(bulk_of, (*write, in_flight)))
 
 
 class Releases:
@@ -305,8 +308,7 @@ class Releases:
             with held_decisions() as pending.told[index]:
                 write = feedback_write(scope, policy_args, stored, batch)
             pending.from_grant[index] = (write, stored.in_flight)
-            writes = (*write, b"%d" % stored.in_flight)
-            pending.writes[index] = b"".join(map(bulk_of, writes))
+            pending.writes[index] = _encoded(write, b"%d" % stored.in_flight)
         wants = max(policy_args.wants(each) for each in [*(f for f, _ in earlier), feedback])
         return bulk_of(str(wants))
 
@@ -364,7 +366,7 @@ class Releases:
                 batch = pending.batch(index, feedback)
                 with held_decisions() as pending.told[index]:
                     write = feedback_write(names[index], lease.policies[index], stored, batch)
-                pending.writes[index] = b"".join(map(bulk_of, (*write, b"")))
+                pending.writes[index] = _encoded(write, b"")
         assert feedback is not None
         for index in pending.earlier:
             self.kept.put_back(names[index], lease, pending.batch(index, feedback))
