@@ -153,7 +153,7 @@ def _probe(parts: Parts, scope: ScopeView, elapsed: float, now: float, ceiling: 
         # An edge read off a long window's closure and never confirmed is a
         # floor: HAProxy's 20 per 10 s, whose knocks count too, reads 20 per
         # 15.3 s. A refusal below the rise from it is not a stored burst.
-        loop.risen_firm = loop.edge_held or loop.horizon <= tuning.edge_horizon
+        loop.risen_firm = loop.edge_held or not loop.long_window()
         loop.risen_to = accepted
         loop.enter(Event.ROSE, now, f"the limit rose past {edge:.3g}/s, up to {loop.rate:.3g}/s")
         logger.debug("scope %s: accepted past the edge %.3f/s: searching up", scope.name, edge)

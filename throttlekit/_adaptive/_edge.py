@@ -106,7 +106,7 @@ def _held_long(loop: RateLoop, edge: float, phase: Phase, wait: float, now: floa
         and old is not None
         and loop.near(edge, old)
         and phase_at is not None
-        and horizon <= tuning.edge_horizon
+        and not loop.long_window()
         and wait <= horizon
         and now - phase_at >= tuning.drop_held * horizon
     )
@@ -225,7 +225,7 @@ def _bisected(loop: RateLoop, margin: float) -> float:
     16 without).
     """
     failed, held = loop.failed_margin, loop.held_margin
-    long = loop.horizon > loop.config.tuning.edge_horizon
+    long = loop.long_window()
     if long or (margin > failed and not margin > held > failed):
         return margin
     if held - failed <= loop.config.tuning.margin_resolution:

@@ -122,6 +122,10 @@ class RateLoop(SlotState):
         """Whether the rate is at (or climbing back to) the target below a known edge."""
         return self.phase in (Phase.RECOVER, Phase.HOLD)
 
+    def long_window(self) -> bool:
+        """Whether the server's window, as far as shown, is longer than the edge's horizon."""
+        return self.horizon > self.config.tuning.edge_horizon
+
     def below_new_edge(self) -> bool:
         """Whether the rate is held below an edge that no second refusal has confirmed."""
         return self.holding() and not self.edge_held
@@ -201,7 +205,7 @@ class RateLoop(SlotState):
         """
         horizon = self.horizon
         excess = (sent - edge) * horizon
-        excess += excess > 0 and horizon > self.config.tuning.edge_horizon
+        excess += excess > 0 and self.long_window()
         if excess > 0:
             pause = max(pause, min(horizon, excess / edge))
         if pause:

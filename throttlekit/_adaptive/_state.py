@@ -125,7 +125,7 @@ class AdaptiveState(Parts):
             refine(self, scope, now)
         judge_spacing(self, scope, now)
         advance(self, scope, now)
-        if loop.horizon > self.config.tuning.edge_horizon and loop.holding():
+        if loop.long_window() and loop.holding():
             keep_window(loop, scope, self.log)
 
     def _read_quota(

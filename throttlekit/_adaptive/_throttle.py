@@ -34,7 +34,7 @@ def on_throttle(
     closed = closures.closed_since(loop.cut_at)
     flying = others_in_flight(scope)  # (about) accepted before the refusal, not answered yet
     closures.still_closed(flying)
-    long = loop.horizon > parts.config.tuning.edge_horizon
+    long = loop.long_window()
     past_echoes = closures.refused(parts.config.tuning.echo_runs) and long
     if loop.phase is Phase.SPACED:
         if _note_gap(parts, sent_at, now, wait):
@@ -172,7 +172,7 @@ def _note_gap(parts: Parts, sent_at: float, now: float, wait: float) -> bool:
     a leaky bucket, then as a window, fell back to the edge from before).
     """
     loop = parts.rate_loop
-    if wait or loop.horizon > parts.config.tuning.edge_horizon:
+    if wait or loop.long_window():
         return False
     if not own_pause(loop, parts.paused):  # (a gap the client's own pause shortened)
         parts.spacing.refused(sent_at, now, stepped=loop.leaky and loop.phase is Phase.START)

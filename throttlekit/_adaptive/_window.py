@@ -34,7 +34,7 @@ def reopened(parts: Parts, scope: ScopeView, sent_at: float, now: float) -> None
     if window is not None:
         long_window(loop, scope, *window, now)
         return
-    long = loop.horizon > parts.config.tuning.edge_horizon
+    long = loop.long_window()
     within = long and closures.within(loop.horizon, sent_at)
     if loop.holding() and (closures.echoes or within):
         if not (within and _fixed_window(parts, scope, sent_at, now)):
