@@ -1039,6 +1039,20 @@ def test_a_second_refusal_goes_to_one_request_per_second_below_unless_told_longe
     assert longer.margin == pytest.approx(0.16)
 
 
+@pytest.mark.parametrize("horizon", [2.0, 3.0, 5.1, 10.2, 15.3, 30.6, 61.2])
+def test_a_request_more_over_the_horizon_confirms_the_edge_whatever_the_rounding(
+    horizon: float,
+) -> None:
+    # 11 against 10 over 10.2 s is a hair more than 1 / 10.2 apart in floating
+    # point: it read as a new edge, and a fixed 10 per 10 s went to 0.79/s.
+    loop = RateLoop(Adaptive())
+    loop.horizon = horizon
+    for count in range(7, 120):  # (below 7, a request is more than near_cap)
+        assert loop.near((count + 1) / horizon, count / horizon)
+        assert loop.near(count / horizon, (count + 1) / horizon)
+        assert loop.near((count + 2) / horizon, count / horizon) is (count * 0.07 >= 2)
+
+
 def test_a_refusal_counting_the_pace_held_below_an_edge_that_held_is_sends_jostled() -> None:
     # Three processes through Redis on a loaded machine, at a sliding 10/s
     # with Retry-After: 1: the edge read 10, then 11 twice (held at 9.8/s),

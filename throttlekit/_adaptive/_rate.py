@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._controller import SlotState
 from ._phase import Event, Phase, next_phase
+from ._sends import at_most
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -178,11 +179,15 @@ class RateLoop(SlotState):
         return True
 
     def near(self, edge: float, old: float) -> bool:
-        """Whether ``edge`` confirms ``old``: within a request over the horizon (and a few %)."""
+        """Whether ``edge`` confirms ``old``: within a request over the horizon (and a few %).
+
+        A request more over the horizon, read back from the counts, is a
+        hair off ``1 / horizon`` in floating point, either way (11 against 10
+        over 10.2 s was a new edge).
+        """
         tuning = self.config.tuning
-        return abs(edge - old) <= max(
-            tuning.near_share * old, min(1.0 / self.horizon, tuning.near_cap * old)
-        )
+        bound = max(tuning.near_share * old, min(1.0 / self.horizon, tuning.near_cap * old))
+        return at_most(abs(edge - old), bound)
 
     def one_fewer(self, edge: float) -> float:
         """The margin that holds one request per horizon below ``edge``, with the headroom.

@@ -12,7 +12,7 @@ from ._tuning import AdaptiveTuning
 if TYPE_CHECKING:
     from .._controller import ScopeView
 
-__all__ = ["SendLog", "others_in_flight", "whole"]
+__all__ = ["SendLog", "at_most", "others_in_flight", "whole"]
 
 INF = math.inf
 
@@ -25,6 +25,11 @@ _HAIR = 1e-9
 def whole(count: float) -> int:
     """The whole requests in ``count``, one a hair short included."""
     return math.floor(count + _HAIR)
+
+
+def at_most(value: float, bound: float) -> bool:
+    """``value <= bound``, a hair over included (rates read from counts over a horizon)."""
+    return value <= bound * (1.0 + _HAIR)
 
 
 def others_in_flight(scope: ScopeView) -> int:
@@ -158,7 +163,7 @@ class SendLog(SlotState):
         if not start:
             return 0.0
         gap = sends[end - 1][0] - sends[start - 1][0]
-        return 1.0 / gap if gap <= least * (1.0 + _HAIR) else 0.0
+        return 1.0 / gap if at_most(gap, least) else 0.0
 
     def oldest(self) -> float:
         """The send instant of the oldest send the log holds (``inf``: none).
