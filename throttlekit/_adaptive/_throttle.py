@@ -11,7 +11,7 @@ from ._inflight import Verdict
 from ._parts import Parts
 from ._paused import own_pause
 from ._phase import Phase
-from ._sends import others_in_flight
+from ._sends import others_in_flight, whole
 from ._window import long_window
 
 if TYPE_CHECKING:
@@ -369,7 +369,7 @@ def _measure(
         edge = min(edge, loop.edge)
     elif loop.phase is Phase.PROBE:
         edge = max(edge, log.paced(sent_at, horizon, loop.resumed_at))
-        if loop.edge is not None and loop.edge * horizon < parts.config.tuning.pace_fewest:
+        if loop.edge is not None and whole(loop.edge * horizon) < parts.config.tuning.pace_fewest:
             edge = max(edge, log.last_gap(sent_at, parts.spacing.least))  # (a count cannot)
     elif loop.phase is Phase.CLIMB or (loop.phase is Phase.START and loop.leaky):
         # Climbing evenly after a search was refused at once (a leaky

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ._parts import Parts
 from ._phase import Event
-from ._sends import SendLog, others_in_flight, whole
+from ._sends import SendLog, at_most, others_in_flight, whole
 
 if TYPE_CHECKING:
     from .._controller import ScopeView
@@ -63,7 +63,7 @@ def _fixed_window(parts: Parts, scope: ScopeView, sent_at: float, now: float) ->
     if edge is None or loop.edge_held:
         return False
     took = len(parts.log.accepted_between(sent_at - horizon, closures.closed_at))
-    if took >= edge * horizon or not closures.fixed_window(took):
+    if at_most(edge * horizon, took) or not closures.fixed_window(took):
         return False
     long_window(loop, scope, horizon, closures.window_took, now, held=True)
     return True
