@@ -225,11 +225,10 @@ def _bisected(loop: RateLoop, margin: float) -> float:
     16 without).
     """
     failed, held = loop.failed_margin, loop.held_margin
-    long = loop.long_window()
-    if long or (margin > failed and not margin > held > failed):
-        return margin
+    if loop.long_window() or not held > failed or failed < margin <= held:
+        return margin  # no span between the two, or the margin within it
     if held - failed <= loop.config.tuning.margin_resolution:
-        return max(held, margin) if held > failed else margin
+        return max(held, margin)
     return (failed + held) / 2.0
 
 
