@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from .._controller import SlotState
+from ._sends import at_most
 
 if TYPE_CHECKING:
     from ._sends import SendLog
@@ -15,9 +16,6 @@ if TYPE_CHECKING:
 __all__ = ["Shown", "Spacing"]
 
 INF = math.inf
-#: A step refused sets ``lo`` to ``hi`` over the resolution: narrow, whatever
-#: the rounding of the division.
-ROUNDING = 1.0 + 1e-9
 #: The guard halves over ``spacing_narrow_over`` acceptances.
 NARROW = 0.5
 
@@ -152,7 +150,8 @@ class Spacing(SlotState):
         """The spacing to send at now: a try between the bounds, or the shortest accepted."""
         tuning = self.config.tuning
         lo, hi = self.lo, self.hi
-        narrow = hi <= lo * (1.0 + tuning.spacing_resolution) * ROUNDING
+        # (A step refused sets lo to hi over the resolution: narrow, whatever the rounding.)
+        narrow = at_most(hi, lo * (1.0 + tuning.spacing_resolution))
         if narrow and now >= self.probe_at:
             # Settled for a hold: look for a rise.
             self.lo = lo = hi / (1.0 + self.step)
