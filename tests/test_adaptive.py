@@ -540,11 +540,13 @@ def test_haproxy_periods_longer_than_a_second_are_held_near_their_rate(
     # Short of the 95 %: the window is read from when the server
     # reopened, which the knocks find late, and HAProxy counts them too; at
     # 3/s one refusal is over 1 % of the run. Holding a window once counted
-    # the answer that asked twice (79-92 % now, 77-87 % before); 6 per 2 s
+    # the answer that asked twice (79-92 % then, 77-87 % before); 6 per 2 s
     # at a bare 429 then costs six refusals of about 120 sends, one more.
+    # The window read off the knocks is a floor, probed after one window,
+    # not after ``hold`` (10 s): 89-98 %, where 15 per 3 s got 80 %.
     server = HAProxyRate(limit=limit, period=period, retry_after=retry_after, latency=0.001)
     trace = _run(server, 40.0, backend)
-    assert _ok_rate(trace, 20, 40) >= 0.78 * limit / period
+    assert _ok_rate(trace, 20, 40) >= 0.87 * limit / period
     assert _refused(trace) < 0.055
     assert_respects(trace, CEILING, retry_after=True)
 
