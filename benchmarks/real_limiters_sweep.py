@@ -5,12 +5,18 @@ them must hold on others (the issue: "vary rates, bursts, windows and
 latencies"). This sweep runs Adaptive and the oracle against
 :mod:`throttlekit.testing`'s models of nginx ``limit_req`` (rates, bursts,
 ``nodelay`` or not, latencies), ``limit_conn`` (limits, origin latencies),
-HAProxy's period counter (limits, periods, a told wait or a bare 429) and the
+HAProxy's period counter (limits, periods, a told wait or a bare 429), the
 ``limits`` library's windows (strategies, lengths, headers on every response
-or none), and judges each against the issue's targets: at least 95 % of the
-oracle over the second half, under 2 % refused, 90 % of the allowed rate
-within 15 s (windows of a minute or longer: within the second window),
-nothing inside an announced wait.
+or none), and the testing kit's generic limiters for what the others do not
+cover: token buckets with a burst (Traefik's ``rateLimit``, Envoy's local
+rate limit, API gateways' "rate and burst"), sliding windows that count
+refused requests too (a strict API), windows read through a slow origin, and
+fixed windows aligned to the clock rather than to the first request (Kong,
+``django-ratelimit``, a Redis counter keyed by the minute). It judges each
+against the issue's targets: at least 95 % of the oracle over the second
+half, under 2 % refused, 90 % of the allowed rate within 15 s (windows of a
+minute or longer: within the second window), nothing inside an announced
+wait.
 
 ``--jitter SECONDS`` puts every model behind
 :class:`~throttlekit.testing.Jittered`: each send reaches the server up to
@@ -25,23 +31,31 @@ from run to run, so those rows vary (as they would against the real
 servers); every other row is deterministic.
 
 Usage: ``python -m benchmarks.real_limiters_sweep [--backend trio] [--only TEXT] [--jitter S]``
-(about two minutes on a loaded 2-core machine).
+(about four minutes on a loaded 2-core machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
+
+import attrs
 
 from throttlekit.testing import (
+    BucketServer,
     FrameworkLimiter,
     HAProxyRate,
     Jittered,
     NginxLimitConn,
     NginxLimitReq,
+    QuotaServer,
+    Responder,
     ServerModel,
+    SimRequest,
+    SimResponse,
 )
 
 from .real_limiters import (
@@ -54,7 +68,28 @@ from .real_limiters import (
 from .real_limiters_servers import RealLimiter
 from .real_limiters_virtual import run_virtual
 
-__all__ = ["CASES", "main", "models", "sweep"]
+__all__ = ["CASES", "ClockAligned", "main", "models", "sweep"]
+
+
+@attrs.frozen
+class ClockAligned:
+    """``server``'s windows, begun ``offset`` seconds before the first request.
+
+    :class:`~throttlekit.testing.QuotaServer`'s fixed windows start at the
+    run's first instant; a limiter that keys its counter by the clock (the
+    minute of the day) is part-way through one when a client begins.
+    """
+
+    server: ServerModel
+    offset: float
+
+    def start(self, rng: random.Random) -> Responder:
+        respond = self.server.start(rng)
+
+        def answer(request: SimRequest, now: float) -> SimResponse:
+            return respond(request, now + self.offset)
+
+        return answer
 
 
 def _case(name: str, kind: str, rate: float, model: ServerModel, window: float = 1.0) -> Any:
@@ -74,6 +109,25 @@ def _case(name: str, kind: str, rate: float, model: ServerModel, window: float =
     )
     return limiter, model
 
+
+#: A wait a refusal tells: whole seconds until the limit lets one through, a number, none.
+Wait = float | Literal["reset"] | None
+#: Token buckets: refill rate, capacity, the wait told.
+_BUCKETS: tuple[tuple[float, int, Wait], ...] = (
+    (10.0, 20, "reset"),
+    (5.0, 10, None),
+    (2.0, 5, 1),
+    (100.0, 50, None),
+)
+#: Clock-aligned fixed windows: limit, length, how far into one the run begins, the wait told.
+_CLOCKED: tuple[tuple[int, float, float, Wait], ...] = (
+    (10, 1.0, 0.37, None),
+    (30, 5.0, 1.9, None),
+    (50, 10.0, 3.3, None),
+    (50, 10.0, 3.3, "reset"),
+    (100, 60.0, 17.0, None),
+    (100, 60.0, 17.0, "reset"),
+)
 
 CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
     *(
@@ -154,7 +208,53 @@ CASES: tuple[tuple[RealLimiter, ServerModel], ...] = (
             (15, 3.0, 1),
             (20, 10.0, 1),
             (20, 10.0, None),
+            (30, 5.0, None),
+            (100, 10.0, None),
         )
+    ),
+    # Token buckets with a burst: the whole seconds until a token is back,
+    # a told second, or a bare 429 (nginx's limit_req is one too, in ms).
+    *(
+        _case(
+            f"token bucket {rate:g}/s burst {capacity}, "
+            + ("bare 429" if wait is None else f"Retry-After {wait}"),
+            "burst",
+            rate,
+            BucketServer(rate=rate, capacity=capacity, retry_after=wait, latency=0.05),
+        )
+        for rate, capacity, wait in _BUCKETS
+    ),
+    # Sliding windows that count refused requests too; sliding ones behind a
+    # slow origin; fixed ones aligned to the clock.
+    *(
+        _case(
+            f"strict sliding {n}/{w:g} s{'' if wait else ', bare 429'}",
+            "moving",
+            n / w,
+            QuotaServer(limit=n, window=w, sliding=True, count_rejected=True, retry_after=wait),
+            w,
+        )
+        for n, w, wait in ((10, 1.0, None), (20, 2.0, 1), (60, 10.0, None))
+    ),
+    *(
+        _case(
+            f"sliding {n}/{w:g} s, 0.3 s origin",
+            "moving",
+            n / w,
+            QuotaServer(limit=n, window=w, sliding=True, retry_after=None, latency=0.3),
+            w,
+        )
+        for n, w in ((10, 1.0), (40, 4.0))
+    ),
+    *(
+        _case(
+            f"clock-aligned fixed {n}/{w:g} s{', Retry-After' if wait else ', bare 429'}",
+            "fixed",
+            n / w,
+            ClockAligned(QuotaServer(limit=n, window=w, retry_after=wait), offset),
+            w,
+        )
+        for n, w, offset, wait in _CLOCKED
     ),
     *(
         _case(
