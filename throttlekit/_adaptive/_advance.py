@@ -42,6 +42,8 @@ def advance(parts: Parts, scope: ScopeView, now: float) -> None:
     elif phase is Phase.HOLD:
         if not _after_overload(parts, scope, elapsed, now) and elapsed >= loop.hold_for:
             loop.enter(Event.HELD, now, f"probing above {loop.target:.3g}/s")
+            if loop.risen_from is None:
+                loop.risen_to = 0.0  # a hold passed since the last rise: forgotten
             loop.held_margin = loop.margin
             loop.margin = max(parts.config.headroom, loop.margin / 2.0)
             parts.errors.probing()

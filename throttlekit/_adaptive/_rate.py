@@ -78,8 +78,9 @@ class RateLoop(SlotState):
         self.hold_for = config.hold
         self.moved_at = -INF  # when the limit last dropped
         # The edge and hold before the limit last seemed to rise (whether that
-        # edge was firm, not a long window's floor), and the rate the probe
-        # then proved, until the search up that followed found where it is.
+        # edge was firm, not a long window's floor), until the search up that
+        # followed found where it is; and the rate the probe then proved,
+        # until a hold passes.
         self.risen_from: float | None = None
         self.risen_hold, self.risen_firm, self.risen_to = 0.0, False, 0.0
         self.horizon = config.tuning.edge_horizon  # the server's window, as far as shown
